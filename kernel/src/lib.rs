@@ -1,0 +1,12 @@
+//! `cairn-kernel`: the actor kernel of Cairn.
+//!
+//! It wires five actix actors (rollout, reward, experience bank, skill creator, optimizer)
+//! around a policy backend from a TOML pipeline config, loads algorithm and environment plugins
+//! from `.so` files, and owns the RL objective. It builds and tests without libtorch: the tch
+//! backend lives in `cairn-torch` and plugs in through [`backend::PolicyBackend`].
+
+pub mod backend;
+pub mod error;
+pub mod loss;
+
+pub use error::{Error, Result};

@@ -1,0 +1,334 @@
+//! The plugin side of the boundary: adapters that expose an [`Algorithm`] or [`Environment`]
+//! through the FFI traits, with every entry point inside `catch_unwind`, and the macros that
+//! export a plugin's root module.
+//!
+//! A panic unwinding across an `extern "C"` boundary aborts the whole host process, so each
+//! adapter method runs the plugin's code under [`guard`], which turns a panic into a
+//! [`PluginError`] of kind [`ErrorKind::Panic`].
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use abi_stable::{
+    prefix_type::PrefixTypeTrait,
+    sabi_trait::TD_Opaque,
+    std_types::{RErr, ROk, ROption, RString, RVec},
+};
+
+#[doc(hidden)]
+pub use abi_stable::std_types::{RResult, RStr};
+
+use crate::algorithm::{Algorithm, GroupRequest};
+use crate::batch::{Batch, ContextVariant};
+use crate::env::{Environment, Episode, Split, TaskRef};
+use crate::error::{ErrorKind, PluginError, Result};
+use crate::ffi::*;
+use crate::host::{GenerateRequest, Generation, Host, ScoreRequest};
+
+/// Runs `f`, turning an `Err` or a panic into an FFI error.
+pub fn guard<T>(f: impl FnOnce() -> Result<T>) -> RResult<T, FfiError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => ROk(v),
+        Ok(Err(e)) => RErr(e.into()),
+        Err(payload) => RErr(PluginError::from_panic(payload).into()),
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<RString> {
+    serde_json::to_string(value)
+        .map(RString::from)
+        .map_err(|e| PluginError::internal(format!("serialising to JSON: {e}")))
+}
+
+/// Exposes an [`Algorithm`] as an [`FfiAlgorithm`].
+pub struct AlgorithmAdapter<A>(pub A);
+
+impl<A: Algorithm> FfiAlgorithm for AlgorithmAdapter<A> {
+    fn requirements_json(&self) -> RResult<RString, FfiError> {
+        guard(|| to_json(&self.0.requirements()))
+    }
+
+    fn plan_group(&mut self, request_json: RStr<'_>) -> RResult<RVec<FfiContextVariant>, FfiError> {
+        guard(|| {
+            let request: GroupRequest = serde_json::from_str(request_json.as_str())
+                .map_err(|e| PluginError::input(format!("group request: {e}")))?;
+            let plan = self.0.plan_group(&request)?;
+            if plan.len() != request.group_size as usize {
+                return Err(PluginError::internal(format!(
+                    "plan_group returned {} variants for a group of {}",
+                    plan.len(),
+                    request.group_size
+                )));
+            }
+            Ok(plan.iter().map(FfiContextVariant::from).collect())
+        })
+    }
+
+    fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError> {
+        guard(|| {
+            let batch = Batch::try_from(batch)?;
+            let host = ForeignHost(host);
+            let signals = self.0.signals(&batch, &host)?;
+            Ok(signals.into())
+        })
+    }
+
+    fn save_state(&self) -> RResult<RString, FfiError> {
+        guard(|| self.0.save_state().map(RString::from))
+    }
+
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), FfiError> {
+        guard(|| self.0.load_state(state.as_str()))
+    }
+}
+
+/// Exposes an [`Episode`] as an [`FfiEpisode`].
+pub struct EpisodeAdapter(pub Box<dyn Episode>);
+
+impl FfiEpisode for EpisodeAdapter {
+    fn observation_json(&self) -> RResult<RString, FfiError> {
+        guard(|| to_json(&self.0.observation()))
+    }
+
+    fn step_json(&mut self, action: RStr<'_>) -> RResult<RString, FfiError> {
+        guard(|| to_json(&self.0.step(action.as_str())?))
+    }
+
+    fn expert_action(&self) -> RResult<ROption<RString>, FfiError> {
+        guard(|| Ok(self.0.expert_action().map(RString::from).into()))
+    }
+}
+
+/// Exposes an [`Environment`] as an [`FfiEnvironment`].
+pub struct EnvironmentAdapter<E>(pub E);
+
+impl<E: Environment> FfiEnvironment for EnvironmentAdapter<E> {
+    fn info_json(&self) -> RResult<RString, FfiError> {
+        guard(|| to_json(&self.0.info()))
+    }
+
+    fn task_json(&self, split: Split, index: u64) -> RResult<RString, FfiError> {
+        guard(|| to_json(&self.0.task(TaskRef { split, index })?))
+    }
+
+    fn start(
+        &self,
+        split: Split,
+        index: u64,
+        seed: u64,
+        variant: &FfiContextVariant,
+    ) -> RResult<FfiEpisodeBox, FfiError> {
+        guard(|| {
+            let variant = ContextVariant::from(variant);
+            let episode = self.0.start(TaskRef { split, index }, seed, &variant)?;
+            Ok(FfiEpisode_TO::from_value(EpisodeAdapter(episode), TD_Opaque))
+        })
+    }
+}
+
+/// The host's callbacks, as a plugin sees them.
+pub struct ForeignHost<'a>(pub FfiHostRef<'a>);
+
+impl Host for ForeignHost<'_> {
+    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Vec<f32>>> {
+        let requests = requests
+            .iter()
+            .map(|r| FfiScoreRequest {
+                context_ids: r.context_ids.as_slice().into(),
+                response_ids: r.response_ids.as_slice().into(),
+            })
+            .collect();
+        self.0
+            .score(requests)
+            .into_result()
+            .map(|v| v.into_iter().map(RVec::into_vec).collect())
+            .map_err(PluginError::from)
+    }
+
+    fn generate(&self, requests: &[GenerateRequest]) -> Result<Vec<Generation>> {
+        let requests = requests
+            .iter()
+            .map(|r| FfiGenerateRequest {
+                prompt_ids: r.prompt_ids.as_slice().into(),
+                max_new_tokens: r.max_new_tokens,
+                temperature: r.temperature,
+                top_p: r.top_p,
+                seed: r.seed,
+            })
+            .collect();
+        self.0
+            .generate(requests)
+            .into_result()
+            .map(|v| {
+                v.into_iter()
+                    .map(|g| Generation {
+                        ids: g.ids.into_vec(),
+                        logprobs: g.logprobs.into_vec(),
+                        finish_reason: g.finish_reason,
+                    })
+                    .collect()
+            })
+            .map_err(PluginError::from)
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        self.0.tokenize(text.into()).into_result().map(RVec::into_vec).map_err(PluginError::from)
+    }
+
+    fn log_metric(&self, name: &str, value: f64) {
+        self.0.log_metric(name.into(), value)
+    }
+}
+
+/// Builds the [`FfiPluginInfo`] an export macro returns.
+pub fn plugin_info(name: &str, version: &str, kind: PluginKind, description: &str) -> FfiPluginInfo {
+    FfiPluginInfo {
+        name: name.into(),
+        version: version.into(),
+        kind,
+        description: description.into(),
+    }
+}
+
+/// Runs an algorithm constructor under [`guard`] and boxes the result.
+pub fn create_algorithm<A: Algorithm>(
+    config: RStr<'_>,
+    create: fn(&str) -> Result<A>,
+) -> RResult<FfiAlgorithmBox, FfiError> {
+    guard(|| Ok(FfiAlgorithm_TO::from_value(AlgorithmAdapter(create(config.as_str())?), TD_Opaque)))
+}
+
+/// Runs an environment constructor under [`guard`] and boxes the result.
+pub fn create_environment<E: Environment>(
+    config: RStr<'_>,
+    create: fn(&str) -> Result<E>,
+) -> RResult<FfiEnvironmentBox, FfiError> {
+    guard(|| {
+        Ok(FfiEnvironment_TO::from_value(EnvironmentAdapter(create(config.as_str())?), TD_Opaque))
+    })
+}
+
+/// The error a plugin returns when asked for the other kind.
+pub fn wrong_kind<T>(name: &str, is: PluginKind) -> RResult<T, FfiError> {
+    RErr(
+        PluginError::new(
+            ErrorKind::Config,
+            format!("plugin `{name}` is an {} plugin", is.as_str()),
+        )
+        .into(),
+    )
+}
+
+/// Assembles the root module.
+pub fn root_module(
+    describe: extern "C" fn() -> FfiPluginInfo,
+    create_algorithm: extern "C" fn(RStr<'_>) -> RResult<FfiAlgorithmBox, FfiError>,
+    create_environment: extern "C" fn(RStr<'_>) -> RResult<FfiEnvironmentBox, FfiError>,
+) -> CairnPluginRef {
+    CairnPluginModule { cairn_abi: crate::ABI_VERSION, describe, create_algorithm, create_environment }
+        .leak_into_prefix()
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use abi_stable::library::{
+        CheckTypeLayout, LibHeader, RootModuleResult, __call_root_module_loader,
+    };
+}
+
+/// Exports the library's root module. Used by [`crate::export_algorithm!`] and
+/// [`crate::export_environment!`]; not meant to be called directly.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_root_module {
+    ($describe:ident, $create_algorithm:ident, $create_environment:ident) => {
+        fn __cairn_root_module() -> $crate::ffi::CairnPluginRef {
+            $crate::export::root_module($describe, $create_algorithm, $create_environment)
+        }
+
+        /// The abi_stable library header: the one symbol the host looks up.
+        // The literal must equal `abi_stable::library::ROOT_MODULE_LOADER_NAME`; the SDK pins
+        // that with a test (`export_name` does not accept a constant).
+        #[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
+        pub static __CAIRN_LIB_HEADER: $crate::export::__private::LibHeader = {
+            extern "C" fn erased() -> $crate::export::__private::RootModuleResult {
+                $crate::export::__private::__call_root_module_loader(__cairn_root_module)
+            }
+            // SAFETY: `erased` returns the module built by `__cairn_root_module`, whose type is
+            // `CairnPluginRef`, the type named here.
+            unsafe {
+                $crate::export::__private::LibHeader::from_constructor::<
+                    $crate::ffi::CairnPluginRef,
+                >(erased, $crate::export::__private::CheckTypeLayout::Yes)
+            }
+        };
+    };
+}
+
+/// Exports an algorithm plugin.
+///
+/// ```text
+/// cairn_plugin_sdk::export_algorithm! {
+///     name: "grpo",
+///     description: "group-relative advantages",
+///     create: Grpo::from_config_json,   // fn(&str) -> Result<Grpo>
+/// }
+/// ```
+#[macro_export]
+macro_rules! export_algorithm {
+    (name: $name:expr, description: $description:expr, create: $create:path $(,)?) => {
+        extern "C" fn __cairn_describe() -> $crate::ffi::FfiPluginInfo {
+            $crate::export::plugin_info(
+                $name,
+                env!("CARGO_PKG_VERSION"),
+                $crate::ffi::PluginKind::Algorithm,
+                $description,
+            )
+        }
+        extern "C" fn __cairn_create_algorithm(
+            config: $crate::export::RStr<'_>,
+        ) -> $crate::export::RResult<$crate::ffi::FfiAlgorithmBox, $crate::ffi::FfiError> {
+            $crate::export::create_algorithm(config, $create)
+        }
+        extern "C" fn __cairn_create_environment(
+            _config: $crate::export::RStr<'_>,
+        ) -> $crate::export::RResult<$crate::ffi::FfiEnvironmentBox, $crate::ffi::FfiError> {
+            $crate::export::wrong_kind($name, $crate::ffi::PluginKind::Algorithm)
+        }
+        $crate::__export_root_module!(
+            __cairn_describe,
+            __cairn_create_algorithm,
+            __cairn_create_environment
+        );
+    };
+}
+
+/// Exports an environment plugin. Same form as [`crate::export_algorithm!`].
+#[macro_export]
+macro_rules! export_environment {
+    (name: $name:expr, description: $description:expr, create: $create:path $(,)?) => {
+        extern "C" fn __cairn_describe() -> $crate::ffi::FfiPluginInfo {
+            $crate::export::plugin_info(
+                $name,
+                env!("CARGO_PKG_VERSION"),
+                $crate::ffi::PluginKind::Environment,
+                $description,
+            )
+        }
+        extern "C" fn __cairn_create_algorithm(
+            _config: $crate::export::RStr<'_>,
+        ) -> $crate::export::RResult<$crate::ffi::FfiAlgorithmBox, $crate::ffi::FfiError> {
+            $crate::export::wrong_kind($name, $crate::ffi::PluginKind::Environment)
+        }
+        extern "C" fn __cairn_create_environment(
+            config: $crate::export::RStr<'_>,
+        ) -> $crate::export::RResult<$crate::ffi::FfiEnvironmentBox, $crate::ffi::FfiError> {
+            $crate::export::create_environment(config, $create)
+        }
+        $crate::__export_root_module!(
+            __cairn_describe,
+            __cairn_create_algorithm,
+            __cairn_create_environment
+        );
+    };
+}
+

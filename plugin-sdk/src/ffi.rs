@@ -1,0 +1,421 @@
+//! The `repr(C)` side of the boundary: FFI-safe mirrors of the batch types, the `sabi_trait`
+//! objects a plugin exports, and the root module every plugin `.so` exposes.
+//!
+//! Only this module, [`crate::export`] and [`crate::foreign`] name `abi_stable` types. Plugin
+//! authors and the kernel use the plain types of [`crate::batch`] and the traits of
+//! [`crate::algorithm`], [`crate::env`] and [`crate::host`].
+//!
+//! Hot data (token ids, log-probs, masks, advantages) crosses as flat `RVec`s; small, rarely
+//! exchanged structures (observations, requirements, task facts) cross as JSON text, so they
+//! can grow fields without an ABI break.
+//!
+//! Compatibility rule: fields of [`CairnPluginModule`] and trait methods are only ever appended
+//! after the `last_prefix_field`; any change to a `repr(C)` struct bumps [`crate::ABI_VERSION`].
+
+#![allow(non_local_definitions, non_camel_case_types)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings,
+    sabi_trait,
+    sabi_types::{RRef, VersionStrings},
+    std_types::{RBox, ROption, RResult, RStr, RString, RVec},
+    StableAbi,
+};
+
+use crate::batch::{AuxTerm, Batch, ContextVariant, FinishReason, Signals, TurnRow};
+use crate::env::Split;
+use crate::error::{ErrorKind, PluginError};
+
+/// FFI form of [`PluginError`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiError {
+    pub kind: ErrorKind,
+    pub message: RString,
+}
+
+impl From<PluginError> for FfiError {
+    fn from(e: PluginError) -> Self {
+        FfiError { kind: e.kind, message: e.message.into() }
+    }
+}
+
+impl From<FfiError> for PluginError {
+    fn from(e: FfiError) -> Self {
+        PluginError { kind: e.kind, message: e.message.into() }
+    }
+}
+
+/// What kind of plugin a `.so` holds.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, StableAbi)]
+pub enum PluginKind {
+    Algorithm = 0,
+    Environment = 1,
+}
+
+impl PluginKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginKind::Algorithm => "algorithm",
+            PluginKind::Environment => "environment",
+        }
+    }
+}
+
+/// FFI form of [`crate::PluginInfo`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiPluginInfo {
+    pub name: RString,
+    pub version: RString,
+    pub kind: PluginKind,
+    pub description: RString,
+}
+
+/// FFI form of [`ContextVariant`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiContextVariant {
+    pub label: RString,
+    pub inject: RString,
+    pub tools_enabled: bool,
+}
+
+impl From<&ContextVariant> for FfiContextVariant {
+    fn from(v: &ContextVariant) -> Self {
+        FfiContextVariant {
+            label: v.label.as_str().into(),
+            inject: v.inject.as_str().into(),
+            tools_enabled: v.tools_enabled,
+        }
+    }
+}
+
+impl From<&FfiContextVariant> for ContextVariant {
+    fn from(v: &FfiContextVariant) -> Self {
+        ContextVariant {
+            label: v.label.to_string(),
+            inject: v.inject.to_string(),
+            tools_enabled: v.tools_enabled,
+        }
+    }
+}
+
+/// FFI form of [`TurnRow`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiTurnRow {
+    pub group_id: u64,
+    pub trajectory_id: u64,
+    pub turn: u32,
+    pub task_id: RString,
+    pub policy_version: u64,
+    pub variant: FfiContextVariant,
+    pub prompt_ids: RVec<u32>,
+    pub response_ids: RVec<u32>,
+    pub response_logprobs: RVec<f32>,
+    pub response_mask: RVec<u8>,
+    pub finish_reason: FinishReason,
+    pub turn_reward: f32,
+    pub episode_reward: f32,
+    pub success: bool,
+    pub last_turn: bool,
+    pub anchor: ROption<RString>,
+    pub observation: RString,
+    pub feedback: i8,
+    pub tool_calls: u32,
+    /// JSON object text.
+    pub info_json: RString,
+}
+
+impl From<&TurnRow> for FfiTurnRow {
+    fn from(r: &TurnRow) -> Self {
+        FfiTurnRow {
+            group_id: r.group_id,
+            trajectory_id: r.trajectory_id,
+            turn: r.turn,
+            task_id: r.task_id.as_str().into(),
+            policy_version: r.policy_version,
+            variant: (&r.variant).into(),
+            prompt_ids: r.prompt_ids.as_slice().into(),
+            response_ids: r.response_ids.as_slice().into(),
+            response_logprobs: r.response_logprobs.as_slice().into(),
+            response_mask: r.response_mask.as_slice().into(),
+            finish_reason: r.finish_reason,
+            turn_reward: r.turn_reward,
+            episode_reward: r.episode_reward,
+            success: r.success,
+            last_turn: r.last_turn,
+            anchor: r.anchor.as_deref().map(RString::from).into(),
+            observation: r.observation.as_str().into(),
+            feedback: r.feedback,
+            tool_calls: r.tool_calls,
+            info_json: serde_json::to_string(&r.info)
+                .expect("a JSON map always serialises")
+                .into(),
+        }
+    }
+}
+
+impl TryFrom<&FfiTurnRow> for TurnRow {
+    type Error = PluginError;
+    fn try_from(r: &FfiTurnRow) -> Result<Self, PluginError> {
+        let info = if r.info_json.is_empty() {
+            Default::default()
+        } else {
+            serde_json::from_str(r.info_json.as_str()).map_err(|e| {
+                PluginError::input(format!("row info is not a JSON object: {e}"))
+            })?
+        };
+        Ok(TurnRow {
+            group_id: r.group_id,
+            trajectory_id: r.trajectory_id,
+            turn: r.turn,
+            task_id: r.task_id.to_string(),
+            policy_version: r.policy_version,
+            variant: (&r.variant).into(),
+            prompt_ids: r.prompt_ids.to_vec(),
+            response_ids: r.response_ids.to_vec(),
+            response_logprobs: r.response_logprobs.to_vec(),
+            response_mask: r.response_mask.to_vec(),
+            finish_reason: r.finish_reason,
+            turn_reward: r.turn_reward,
+            episode_reward: r.episode_reward,
+            success: r.success,
+            last_turn: r.last_turn,
+            anchor: r.anchor.as_ref().map(|a| a.to_string()).into_option(),
+            observation: r.observation.to_string(),
+            feedback: r.feedback,
+            tool_calls: r.tool_calls,
+            info,
+        })
+    }
+}
+
+/// FFI form of [`Batch`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiBatch {
+    pub step: u64,
+    pub rows: RVec<FfiTurnRow>,
+}
+
+impl From<&Batch> for FfiBatch {
+    fn from(b: &Batch) -> Self {
+        FfiBatch { step: b.step, rows: b.rows.iter().map(FfiTurnRow::from).collect() }
+    }
+}
+
+impl TryFrom<&FfiBatch> for Batch {
+    type Error = PluginError;
+    fn try_from(b: &FfiBatch) -> Result<Self, PluginError> {
+        Ok(Batch {
+            step: b.step,
+            rows: b.rows.iter().map(TurnRow::try_from).collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// FFI form of [`AuxTerm`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiAuxTerm {
+    pub name: RString,
+    pub coef: f32,
+    pub coefficients: RVec<RVec<f32>>,
+}
+
+/// A named scalar metric.
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiMetric {
+    pub name: RString,
+    pub value: f64,
+}
+
+/// FFI form of [`Signals`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiSignals {
+    pub advantages: RVec<RVec<f32>>,
+    pub aux: RVec<FfiAuxTerm>,
+    pub dropped_groups: RVec<u64>,
+    pub metrics: RVec<FfiMetric>,
+}
+
+fn nested_to_ffi(v: Vec<Vec<f32>>) -> RVec<RVec<f32>> {
+    v.into_iter().map(RVec::from).collect()
+}
+
+fn nested_from_ffi(v: RVec<RVec<f32>>) -> Vec<Vec<f32>> {
+    v.into_iter().map(RVec::into_vec).collect()
+}
+
+impl From<Signals> for FfiSignals {
+    fn from(s: Signals) -> Self {
+        FfiSignals {
+            advantages: nested_to_ffi(s.advantages),
+            aux: s
+                .aux
+                .into_iter()
+                .map(|t| FfiAuxTerm {
+                    name: t.name.into(),
+                    coef: t.coef,
+                    coefficients: nested_to_ffi(t.coefficients),
+                })
+                .collect(),
+            dropped_groups: s.dropped_groups.into(),
+            metrics: s
+                .metrics
+                .into_iter()
+                .map(|(name, value)| FfiMetric { name: name.into(), value })
+                .collect(),
+        }
+    }
+}
+
+impl From<FfiSignals> for Signals {
+    fn from(s: FfiSignals) -> Self {
+        Signals {
+            advantages: nested_from_ffi(s.advantages),
+            aux: s
+                .aux
+                .into_iter()
+                .map(|t| AuxTerm {
+                    name: t.name.into(),
+                    coef: t.coef,
+                    coefficients: nested_from_ffi(t.coefficients),
+                })
+                .collect(),
+            dropped_groups: s.dropped_groups.into_vec(),
+            metrics: s.metrics.into_iter().map(|m| (m.name.into(), m.value)).collect(),
+        }
+    }
+}
+
+/// FFI form of [`crate::host::ScoreRequest`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiScoreRequest {
+    pub context_ids: RVec<u32>,
+    pub response_ids: RVec<u32>,
+}
+
+/// FFI form of [`crate::host::GenerateRequest`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiGenerateRequest {
+    pub prompt_ids: RVec<u32>,
+    pub max_new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+/// FFI form of [`crate::host::Generation`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiGeneration {
+    pub ids: RVec<u32>,
+    pub logprobs: RVec<f32>,
+    pub finish_reason: FinishReason,
+}
+
+/// Host callbacks, as seen from a plugin. Implemented on the host side by
+/// [`crate::foreign`]'s adapter; wrapped on the plugin side into a [`crate::Host`].
+#[sabi_trait]
+pub trait FfiHost {
+    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<RVec<f32>>, FfiError>;
+    fn generate(&self, requests: RVec<FfiGenerateRequest>) -> RResult<RVec<FfiGeneration>, FfiError>;
+    fn tokenize(&self, text: RStr<'_>) -> RResult<RVec<u32>, FfiError>;
+    #[sabi(last_prefix_field)]
+    fn log_metric(&self, name: RStr<'_>, value: f64);
+}
+
+/// A borrowed host callback object, valid for the duration of one plugin call.
+pub type FfiHostRef<'a> = FfiHost_TO<'a, RRef<'a, ()>>;
+
+/// An algorithm instance living in a plugin.
+#[sabi_trait]
+pub trait FfiAlgorithm: Send {
+    /// [`crate::Requirements`] as JSON.
+    fn requirements_json(&self) -> RResult<RString, FfiError>;
+    /// Takes a [`crate::GroupRequest`] as JSON.
+    fn plan_group(&mut self, request_json: RStr<'_>) -> RResult<RVec<FfiContextVariant>, FfiError>;
+    fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError>;
+    fn save_state(&self) -> RResult<RString, FfiError>;
+    #[sabi(last_prefix_field)]
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), FfiError>;
+}
+
+pub type FfiAlgorithmBox = FfiAlgorithm_TO<'static, RBox<()>>;
+
+/// A running episode living in a plugin. Observations and outcomes cross as JSON.
+#[sabi_trait]
+pub trait FfiEpisode: Send {
+    fn observation_json(&self) -> RResult<RString, FfiError>;
+    fn step_json(&mut self, action: RStr<'_>) -> RResult<RString, FfiError>;
+    #[sabi(last_prefix_field)]
+    fn expert_action(&self) -> RResult<ROption<RString>, FfiError>;
+}
+
+pub type FfiEpisodeBox = FfiEpisode_TO<'static, RBox<()>>;
+
+/// An environment living in a plugin.
+#[sabi_trait]
+pub trait FfiEnvironment: Send + Sync {
+    fn info_json(&self) -> RResult<RString, FfiError>;
+    fn task_json(&self, split: Split, index: u64) -> RResult<RString, FfiError>;
+    #[sabi(last_prefix_field)]
+    fn start(
+        &self,
+        split: Split,
+        index: u64,
+        seed: u64,
+        variant: &FfiContextVariant,
+    ) -> RResult<FfiEpisodeBox, FfiError>;
+}
+
+pub type FfiEnvironmentBox = FfiEnvironment_TO<'static, RBox<()>>;
+
+/// The root module of every Cairn plugin `.so`.
+///
+/// `cairn_abi` is the first field and never moves, so the host can read it before checking the
+/// rest of the layout and report a version mismatch in plain words.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = CairnPluginRef)))]
+#[sabi(missing_field(panic))]
+pub struct CairnPluginModule {
+    pub cairn_abi: u32,
+    pub describe: extern "C" fn() -> FfiPluginInfo,
+    /// Takes the algorithm's config as JSON. Errors for an environment plugin.
+    pub create_algorithm: extern "C" fn(RStr<'_>) -> RResult<FfiAlgorithmBox, FfiError>,
+    /// Takes the environment's config as JSON. Errors for an algorithm plugin.
+    #[sabi(last_prefix_field)]
+    pub create_environment: extern "C" fn(RStr<'_>) -> RResult<FfiEnvironmentBox, FfiError>,
+}
+
+impl RootModule for CairnPluginRef {
+    declare_root_module_statics! {CairnPluginRef}
+    const BASE_NAME: &'static str = "cairn_plugin";
+    const NAME: &'static str = "cairn_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// The symbol name under which abi_stable looks up a library's root module. The export macros
+/// spell it as a literal (`export_name` takes no constants); a test pins it to abi_stable's.
+pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_module_symbol_matches_abi_stable() {
+        assert_eq!(ROOT_MODULE_SYMBOL, abi_stable::library::ROOT_MODULE_LOADER_NAME);
+    }
+}

@@ -1,0 +1,336 @@
+//! The host side of the boundary: opening a plugin `.so`, checking its ABI, and wrapping the
+//! objects it creates into the plain [`Algorithm`], [`Environment`] and [`Episode`] traits.
+//!
+//! Each file is opened on its own with `lib_header_from_path` and `init_root_module`, never
+//! with abi_stable's directory loader, which caches one module per root-module type and would
+//! hand back the first plugin for every later file.
+
+use std::path::{Path, PathBuf};
+
+use abi_stable::{
+    library::{lib_header_from_path, LibraryError},
+    sabi_trait::TD_Opaque,
+    std_types::{RResult, RStr, RString, RVec},
+};
+
+use crate::algorithm::{Algorithm, GroupRequest, Requirements};
+use crate::batch::{Batch, ContextVariant, Signals};
+use crate::env::{Environment, EnvironmentInfo, Episode, Observation, StepOutcome, TaskInfo, TaskRef};
+use crate::error::{ErrorKind, PluginError, Result};
+use crate::ffi::*;
+use crate::host::{GenerateRequest, Host, ScoreRequest};
+
+/// Why a file could not be loaded as a plugin.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The file could not be opened as a shared library.
+    Open { path: PathBuf, reason: String },
+    /// The library has no Cairn root module: it is not a plugin.
+    NotAPlugin { path: PathBuf },
+    /// The plugin was built against another Cairn plugin ABI.
+    AbiVersion { path: PathBuf, found: u32, expected: u32 },
+    /// abi_stable rejected the library: another abi_stable or SDK version, or types whose
+    /// layout differs from the host's.
+    Incompatible { path: PathBuf, reason: String },
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Open { path, reason } => {
+                write!(f, "{}: cannot open as a shared library: {reason}", path.display())
+            }
+            LoadError::NotAPlugin { path } => write!(
+                f,
+                "{}: not a Cairn plugin (no cairn_plugin root module); remove it from the plugin \
+                 directory or rebuild it with cairn-plugin-sdk's export macros",
+                path.display()
+            ),
+            LoadError::AbiVersion { path, found, expected } => write!(
+                f,
+                "{}: built for Cairn plugin ABI {found}, this host speaks ABI {expected}; rebuild \
+                 the plugin against this cairn-plugin-sdk",
+                path.display()
+            ),
+            LoadError::Incompatible { path, reason } => write!(
+                f,
+                "{}: incompatible plugin layout, rebuild it against this cairn-plugin-sdk: {reason}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Facts a plugin reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub kind: PluginKind,
+    pub description: String,
+    /// The plugin ABI it was built for.
+    pub abi: u32,
+}
+
+/// An opened, ABI-checked plugin library.
+#[derive(Clone)]
+pub struct LoadedPlugin {
+    pub path: PathBuf,
+    pub info: PluginInfo,
+    module: CairnPluginRef,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin").field("path", &self.path).field("info", &self.info).finish()
+    }
+}
+
+/// Opens one plugin file and checks its ABI version and type layouts.
+///
+/// The library is never unloaded (abi_stable leaks it on purpose: code from it may still be
+/// referenced by objects it created).
+pub fn load_plugin(path: &Path) -> std::result::Result<LoadedPlugin, LoadError> {
+    let path_buf = path.to_path_buf();
+    let header = lib_header_from_path(path).map_err(|e| match e {
+        LibraryError::OpenError { err, .. } => {
+            LoadError::Open { path: path_buf.clone(), reason: err.to_string() }
+        }
+        LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin { path: path_buf.clone() },
+        other => LoadError::Incompatible { path: path_buf.clone(), reason: short(&other) },
+    })?;
+    // Read the ABI number before the full layout check, so a plain version mismatch is
+    // reported as one. `cairn_abi` is the first field of every version of the module.
+    // SAFETY: only `cairn_abi`, whose offset and type never change, is read before
+    // `check_layout` below validates the rest.
+    let unchecked = unsafe { header.init_root_module_with_unchecked_layout::<CairnPluginRef>() }
+        .map_err(|e| LoadError::Incompatible { path: path_buf.clone(), reason: short(&e) })?;
+    let abi = unchecked.cairn_abi();
+    if abi != crate::ABI_VERSION {
+        return Err(LoadError::AbiVersion { path: path_buf, found: abi, expected: crate::ABI_VERSION });
+    }
+    let module = header
+        .check_layout::<CairnPluginRef>()
+        .map_err(|e| LoadError::Incompatible { path: path_buf.clone(), reason: short(&e) })?;
+    let raw = (module.describe())();
+    let info = PluginInfo {
+        name: raw.name.into(),
+        version: raw.version.into(),
+        kind: raw.kind,
+        description: raw.description.into(),
+        abi,
+    };
+    Ok(LoadedPlugin { path: path_buf, info, module })
+}
+
+/// abi_stable's layout reports can run to pages; keep the first lines.
+fn short(e: &LibraryError) -> String {
+    let text = e.to_string();
+    let mut lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(6).collect();
+    if text.lines().count() > 6 {
+        lines.push("...");
+    }
+    lines.join(" | ")
+}
+
+impl LoadedPlugin {
+    /// Creates an algorithm instance from its JSON config.
+    pub fn create_algorithm(&self, config_json: &str) -> Result<ForeignAlgorithm> {
+        let inner = (self.module.create_algorithm())(RStr::from(config_json))
+            .into_result()
+            .map_err(|e| self.error(e.into()))?;
+        Ok(ForeignAlgorithm { name: self.info.name.clone(), inner })
+    }
+
+    /// Creates an environment instance from its JSON config.
+    pub fn create_environment(&self, config_json: &str) -> Result<ForeignEnvironment> {
+        let inner = (self.module.create_environment())(RStr::from(config_json))
+            .into_result()
+            .map_err(|e| self.error(e.into()))?;
+        Ok(ForeignEnvironment { name: self.info.name.clone(), inner })
+    }
+
+    fn error(&self, e: PluginError) -> PluginError {
+        named(&self.info.name, e)
+    }
+}
+
+/// Puts the plugin's name on an error coming out of it.
+fn named(name: &str, e: PluginError) -> PluginError {
+    PluginError { kind: e.kind, message: format!("plugin `{name}`: {}", e.message) }
+}
+
+fn lift<T>(name: &str, r: RResult<T, FfiError>) -> Result<T> {
+    r.into_result().map_err(|e| named(name, e.into()))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(name: &str, what: &str, text: RString) -> Result<T> {
+    serde_json::from_str(text.as_str()).map_err(|e| {
+        PluginError::new(
+            ErrorKind::Internal,
+            format!("plugin `{name}` returned malformed {what}: {e}"),
+        )
+    })
+}
+
+/// An algorithm living in a plugin, usable as a plain [`Algorithm`].
+pub struct ForeignAlgorithm {
+    name: String,
+    inner: FfiAlgorithmBox,
+}
+
+impl ForeignAlgorithm {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The plugin's declared needs.
+    pub fn try_requirements(&self) -> Result<Requirements> {
+        let text = lift(&self.name, self.inner.requirements_json())?;
+        parse_json(&self.name, "requirements", text)
+    }
+}
+
+impl Algorithm for ForeignAlgorithm {
+    fn requirements(&self) -> Requirements {
+        self.try_requirements().unwrap_or_default()
+    }
+
+    fn plan_group(&mut self, request: &GroupRequest) -> Result<Vec<ContextVariant>> {
+        let json = serde_json::to_string(request).expect("a group request always serialises");
+        let plan = lift(&self.name, self.inner.plan_group(RStr::from(json.as_str())))?;
+        Ok(plan.iter().map(ContextVariant::from).collect())
+    }
+
+    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+        let ffi_batch = FfiBatch::from(batch);
+        let adapter = HostAdapter(host);
+        let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
+        let signals: Signals = lift(&self.name, self.inner.signals(&ffi_batch, host_ref))?.into();
+        signals.validate_against(batch).map_err(|e| named(&self.name, e))?;
+        Ok(signals)
+    }
+
+    fn save_state(&self) -> Result<String> {
+        lift(&self.name, self.inner.save_state()).map(String::from)
+    }
+
+    fn load_state(&mut self, state: &str) -> Result<()> {
+        lift(&self.name, self.inner.load_state(RStr::from(state)))
+    }
+}
+
+/// An environment living in a plugin, usable as a plain [`Environment`].
+pub struct ForeignEnvironment {
+    name: String,
+    inner: FfiEnvironmentBox,
+}
+
+impl ForeignEnvironment {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The environment's facts, or the error it raised.
+    pub fn try_info(&self) -> Result<EnvironmentInfo> {
+        let text = lift(&self.name, self.inner.info_json())?;
+        parse_json(&self.name, "environment info", text)
+    }
+}
+
+impl Environment for ForeignEnvironment {
+    fn info(&self) -> EnvironmentInfo {
+        self.try_info().unwrap_or_default()
+    }
+
+    fn task(&self, task: TaskRef) -> Result<TaskInfo> {
+        let text = lift(&self.name, self.inner.task_json(task.split, task.index))?;
+        parse_json(&self.name, "task info", text)
+    }
+
+    fn start(&self, task: TaskRef, seed: u64, variant: &ContextVariant) -> Result<Box<dyn Episode>> {
+        let variant = FfiContextVariant::from(variant);
+        let inner = lift(&self.name, self.inner.start(task.split, task.index, seed, &variant))?;
+        Ok(Box::new(ForeignEpisode { name: self.name.clone(), inner }))
+    }
+}
+
+/// An episode living in a plugin.
+pub struct ForeignEpisode {
+    name: String,
+    inner: FfiEpisodeBox,
+}
+
+impl Episode for ForeignEpisode {
+    fn observation(&self) -> Observation {
+        lift(&self.name, self.inner.observation_json())
+            .and_then(|t| parse_json(&self.name, "observation", t))
+            .unwrap_or_else(|e| Observation { text: format!("[environment error: {e}]"), ..Default::default() })
+    }
+
+    fn step(&mut self, action: &str) -> Result<StepOutcome> {
+        let text = lift(&self.name, self.inner.step_json(RStr::from(action)))?;
+        parse_json(&self.name, "step outcome", text)
+    }
+
+    fn expert_action(&self) -> Option<String> {
+        lift(&self.name, self.inner.expert_action()).ok().and_then(|a| a.into_option()).map(String::from)
+    }
+}
+
+/// Exposes the host's [`Host`] to a plugin for the duration of one call. A panic in a host
+/// callback is caught here, so it never unwinds through plugin frames.
+struct HostAdapter<'a>(&'a dyn Host);
+
+impl FfiHost for HostAdapter<'_> {
+    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<RVec<f32>>, FfiError> {
+        crate::export::guard(|| {
+            let requests: Vec<ScoreRequest> = requests
+                .into_iter()
+                .map(|r| ScoreRequest {
+                    context_ids: r.context_ids.into_vec(),
+                    response_ids: r.response_ids.into_vec(),
+                })
+                .collect();
+            Ok(self.0.score(&requests)?.into_iter().map(RVec::from).collect())
+        })
+    }
+
+    fn generate(&self, requests: RVec<FfiGenerateRequest>) -> RResult<RVec<FfiGeneration>, FfiError> {
+        crate::export::guard(|| {
+            let requests: Vec<GenerateRequest> = requests
+                .into_iter()
+                .map(|r| GenerateRequest {
+                    prompt_ids: r.prompt_ids.into_vec(),
+                    max_new_tokens: r.max_new_tokens,
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    seed: r.seed,
+                })
+                .collect();
+            Ok(self
+                .0
+                .generate(&requests)?
+                .into_iter()
+                .map(|g| FfiGeneration {
+                    ids: g.ids.into(),
+                    logprobs: g.logprobs.into(),
+                    finish_reason: g.finish_reason,
+                })
+                .collect())
+        })
+    }
+
+    fn tokenize(&self, text: RStr<'_>) -> RResult<RVec<u32>, FfiError> {
+        crate::export::guard(|| self.0.tokenize(text.as_str()).map(RVec::from))
+    }
+
+    fn log_metric(&self, name: RStr<'_>, value: f64) {
+        let _ = crate::export::guard(|| {
+            self.0.log_metric(name.as_str(), value);
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,37 @@
+//! `cairn-plugin-sdk`: the stable ABI between Cairn and its plugins.
+//!
+//! A plugin is a `cdylib` that depends on this crate alone, implements [`Algorithm`] or
+//! [`Environment`], and exports itself with [`export_algorithm!`] or [`export_environment!`].
+//! The host opens it at run time with [`foreign::load_plugin`] and drives it through
+//! [`foreign::ForeignAlgorithm`] / [`foreign::ForeignEnvironment`], which implement the same
+//! traits. Neither side names an `abi_stable` type: the `repr(C)` mirrors live in [`ffi`].
+//!
+//! Main types: [`TurnRow`] and [`Batch`] (what rollouts produce), [`Signals`] (what an
+//! algorithm returns: per-token advantages, auxiliary coefficients, dropped groups, metrics),
+//! [`Host`] (callbacks into the policy backend), [`PluginError`].
+//!
+//! [`stats`] has the group statistics every advantage estimator needs (algorithms.md §14, P8).
+//!
+//! No tch type appears here or in any plugin: data crosses as token ids, `f32` arrays and JSON.
+
+pub mod algorithm;
+pub mod batch;
+pub mod env;
+pub mod error;
+pub mod export;
+pub mod ffi;
+pub mod foreign;
+pub mod host;
+pub mod stats;
+
+pub use algorithm::{Algorithm, GroupRequest, Requirements};
+pub use batch::{AuxTerm, Batch, ContextVariant, FinishReason, Signals, TurnRow};
+pub use env::{
+    Environment, EnvironmentInfo, Episode, Observation, Split, StepOutcome, TaskInfo, TaskRef,
+};
+pub use error::{ErrorKind, PluginError, Result};
+pub use host::{GenerateRequest, Generation, Host, OfflineHost, ScoreRequest};
+
+/// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type in [`ffi`]; the
+/// host refuses plugins built for another number.
+pub const ABI_VERSION: u32 = 1;
