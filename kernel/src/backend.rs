@@ -69,6 +69,30 @@ pub struct StepReport {
     pub tokens: usize,
 }
 
+/// AdamW hyper-parameters. Setting them resets the optimizer's moments (a new phase, such as
+/// RL after a supervised warm start, starts with a fresh optimizer).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OptimizerSettings {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f64,
+}
+
+impl Default for OptimizerSettings {
+    fn default() -> Self {
+        OptimizerSettings {
+            lr: 1e-6,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+        }
+    }
+}
+
 /// The model behind the policy: sampling, scoring, training, checkpoints.
 ///
 /// Implementations own their device, weights, reference weights and optimizer state. Calls are
@@ -78,10 +102,19 @@ pub trait PolicyBackend: Send {
     fn policy_version(&self) -> u64;
 
     /// Samples one response per prompt, batched across prompts with a preallocated KV cache.
-    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Generation>>;
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+    ) -> Result<Vec<Generation>>;
 
     /// Log-probs `[L]` of each response token after its prompt, at `temperature`, no grad.
-    fn score(&mut self, sequences: &[Sequence], temperature: f32, weights: Weights) -> Result<Vec<Vec<f32>>>;
+    fn score(
+        &mut self,
+        sequences: &[Sequence],
+        temperature: f32,
+        weights: Weights,
+    ) -> Result<Vec<Vec<f32>>>;
 
     /// One optimizer step over `sequences`, split into `micro_batches` (ranges of sequence
     /// indices, covering every sequence once). For each micro-batch the backend computes the
@@ -99,6 +132,9 @@ pub trait PolicyBackend: Send {
 
     /// Copies the live weights into the reference weights.
     fn snapshot_reference(&mut self) -> Result<()>;
+
+    /// Replaces the optimizer's hyper-parameters and resets its state (moments, step count).
+    fn configure_optimizer(&mut self, settings: &OptimizerSettings) -> Result<()>;
 
     /// Writes weights, optimizer state and version into `dir`.
     fn save(&self, dir: &Path) -> Result<()>;
@@ -121,9 +157,20 @@ impl PolicyBackend for NullBackend {
         self.version
     }
 
-    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Generation>> {
-        let ids = if self.response.is_empty() { vec![0] } else { self.response.clone() };
-        let ids: Vec<u32> = ids.into_iter().take(params.max_new_tokens.max(1) as usize).collect();
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+    ) -> Result<Vec<Generation>> {
+        let ids = if self.response.is_empty() {
+            vec![0]
+        } else {
+            self.response.clone()
+        };
+        let ids: Vec<u32> = ids
+            .into_iter()
+            .take(params.max_new_tokens.max(1) as usize)
+            .collect();
         let finish_reason = if ids.last().is_some_and(|id| params.stop_ids.contains(id)) {
             FinishReason::Stop
         } else {
@@ -140,7 +187,10 @@ impl PolicyBackend for NullBackend {
     }
 
     fn score(&mut self, sequences: &[Sequence], _t: f32, _w: Weights) -> Result<Vec<Vec<f32>>> {
-        Ok(sequences.iter().map(|s| vec![0.5f32.ln(); s.response_ids.len()]).collect())
+        Ok(sequences
+            .iter()
+            .map(|s| vec![0.5f32.ln(); s.response_ids.len()])
+            .collect())
     }
 
     fn train_step(
@@ -152,31 +202,51 @@ impl PolicyBackend for NullBackend {
     ) -> Result<StepReport> {
         let mut tokens = 0;
         for mb in micro_batches {
-            let logp: Vec<Vec<f32>> =
-                sequences[mb.clone()].iter().map(|s| vec![0.5f32.ln(); s.response_ids.len()]).collect();
-            let entropy: Vec<Vec<f32>> = logp.iter().map(|l| vec![0.5f32.ln().abs(); l.len()]).collect();
+            let logp: Vec<Vec<f32>> = sequences[mb.clone()]
+                .iter()
+                .map(|s| vec![0.5f32.ln(); s.response_ids.len()])
+                .collect();
+            let entropy: Vec<Vec<f32>> = logp
+                .iter()
+                .map(|l| vec![0.5f32.ln().abs(); l.len()])
+                .collect();
             tokens += logp.iter().map(Vec::len).sum::<usize>();
             loss.grads(mb.clone(), &logp, &entropy)?;
         }
         self.version += 1;
-        Ok(StepReport { grad_norm: 0.0, lr: 0.0, policy_version: self.version, tokens })
+        Ok(StepReport {
+            grad_norm: 0.0,
+            lr: 0.0,
+            policy_version: self.version,
+            tokens,
+        })
     }
 
     fn snapshot_reference(&mut self) -> Result<()> {
         Ok(())
     }
 
+    fn configure_optimizer(&mut self, _settings: &OptimizerSettings) -> Result<()> {
+        Ok(())
+    }
+
     fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-        std::fs::write(dir.join("null-backend.json"), format!("{{\"version\": {}}}", self.version))
-            .map_err(|e| crate::Error::io(dir, e))
+        std::fs::write(
+            dir.join("null-backend.json"),
+            format!("{{\"version\": {}}}", self.version),
+        )
+        .map_err(|e| crate::Error::io(dir, e))
     }
 
     fn load(&mut self, dir: &Path) -> Result<()> {
         let path = dir.join("null-backend.json");
         let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::io(&path, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| crate::Error::Checkpoint { path: path.clone(), reason: e.to_string() })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| crate::Error::Checkpoint {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
         self.version = v["version"].as_u64().unwrap_or(0);
         Ok(())
     }

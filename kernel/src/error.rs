@@ -9,7 +9,10 @@ use cairn_plugin_sdk::PluginError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 
     /// A pipeline config that does not parse or validate. `key` is the dotted key path.
     #[error("{file}: {message}")]
@@ -19,7 +22,12 @@ pub enum Error {
     Load(#[from] cairn_plugin_sdk::foreign::LoadError),
 
     #[error("no {kind} plugin named `{name}` in {dirs}; available: {available}. Build it (cargo build -p cairn-{name}) or add its directory to `plugins.dirs`")]
-    MissingPlugin { kind: &'static str, name: String, dirs: String, available: String },
+    MissingPlugin {
+        kind: &'static str,
+        name: String,
+        dirs: String,
+        available: String,
+    },
 
     #[error("{0}")]
     Plugin(#[from] PluginError),
@@ -33,6 +41,30 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
+    /// A required file (a model directory's `tokenizer.json`, ...) that is absent or unreadable.
+    #[error("{path} not found: {source}")]
+    FileNotFound {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    /// A file that exists but does not parse, or lacks or contradicts a required entry.
+    #[error("{path}: {detail}")]
+    BadFile { path: PathBuf, detail: String },
+
+    /// A chat template that fails to compile or render. `line` is the template line, when known;
+    /// `detail` is the Jinja error.
+    #[error("chat template `{name}`{}: {detail}", line_suffix(.line))]
+    Template {
+        name: String,
+        line: Option<usize>,
+        detail: String,
+    },
+
+    /// Misuse of a multi-turn token trace (e.g. an observation with no sampled turn before it).
+    #[error("token trace: {0}")]
+    Trace(String),
+
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
 
@@ -45,8 +77,16 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        Error::Io { path: path.to_path_buf(), source }
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
+}
+
+fn line_suffix(line: &Option<usize>) -> String {
+    line.map(|line| format!(", line {line}"))
+        .unwrap_or_default()
 }
 
 /// `Result` with the kernel's [`Error`].

@@ -5,8 +5,16 @@
 //! from `.so` files, and owns the RL objective. It builds and tests without libtorch: the tch
 //! backend lives in `cairn-torch` and plugs in through [`backend::PolicyBackend`].
 
+pub mod actors;
 pub mod backend;
+pub mod config;
 pub mod error;
 pub mod loss;
+pub mod objective;
+pub mod plugins;
+pub mod rollout;
+pub mod run;
+pub mod text;
+pub mod trainer;
 
 pub use error::{Error, Result};

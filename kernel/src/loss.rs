@@ -30,7 +30,12 @@ pub trait TokenLoss {
     /// Given the current log-probs `logp[r][l]` (and entropies, same shape, or empty) of the
     /// micro-batch `rows` (indices into the step's sequences), records the micro-batch's loss
     /// contribution and metrics, and returns the gradient weights.
-    fn grads(&mut self, rows: Range<usize>, logp: &[Vec<f32>], entropy: &[Vec<f32>]) -> Result<TokenGrads>;
+    fn grads(
+        &mut self,
+        rows: Range<usize>,
+        logp: &[Vec<f32>],
+        entropy: &[Vec<f32>],
+    ) -> Result<TokenGrads>;
 }
 
 /// Supervised fine-tuning: token-mean negative log-likelihood of the masked response tokens,
@@ -47,7 +52,11 @@ impl SftLoss {
     /// `masks[r][l]`: 1 on the tokens to imitate.
     pub fn new(masks: Vec<Vec<u8>>) -> Self {
         let total_tokens = masks.iter().flatten().filter(|&&m| m == 1).count() as f64;
-        SftLoss { masks, total_tokens, nll_sum: 0.0 }
+        SftLoss {
+            masks,
+            total_tokens,
+            nll_sum: 0.0,
+        }
     }
 
     /// Token-mean NLL over the step, nats per token.
@@ -61,15 +70,28 @@ impl SftLoss {
 }
 
 impl TokenLoss for SftLoss {
-    fn grads(&mut self, rows: Range<usize>, logp: &[Vec<f32>], _entropy: &[Vec<f32>]) -> Result<TokenGrads> {
-        let scale = if self.total_tokens == 0.0 { 0.0 } else { 1.0 / self.total_tokens };
+    fn grads(
+        &mut self,
+        rows: Range<usize>,
+        logp: &[Vec<f32>],
+        _entropy: &[Vec<f32>],
+    ) -> Result<TokenGrads> {
+        let scale = if self.total_tokens == 0.0 {
+            0.0
+        } else {
+            1.0 / self.total_tokens
+        };
         let mut out = Vec::with_capacity(logp.len());
         for (r, lp) in rows.zip(logp) {
             let mask = &self.masks[r];
             if mask.len() != lp.len() {
                 return Err(crate::Error::Shape {
                     what: "sft mask",
-                    detail: format!("row {r}: mask has {} entries, response {}", mask.len(), lp.len()),
+                    detail: format!(
+                        "row {r}: mask has {} entries, response {}",
+                        mask.len(),
+                        lp.len()
+                    ),
                 });
             }
             out.push(
@@ -86,6 +108,9 @@ impl TokenLoss for SftLoss {
                     .collect(),
             );
         }
-        Ok(TokenGrads { logp: out, entropy: Vec::new() })
+        Ok(TokenGrads {
+            logp: out,
+            entropy: Vec::new(),
+        })
     }
 }

@@ -40,7 +40,11 @@ pub struct ContextVariant {
 
 impl Default for ContextVariant {
     fn default() -> Self {
-        ContextVariant { label: "plain".into(), inject: String::new(), tools_enabled: true }
+        ContextVariant {
+            label: "plain".into(),
+            inject: String::new(),
+            tools_enabled: true,
+        }
     }
 }
 
@@ -82,9 +86,10 @@ pub struct TurnRow {
     pub last_turn: bool,
     /// Anchor-state key: the raw environment state at this turn, without history (GiGPO).
     pub anchor: Option<String>,
-    /// The observation text the environment returned for this turn.
+    /// The environment's observation the policy acted on at this turn (the environment part
+    /// of the prompt; the state `anchor` describes).
     pub observation: String,
-    /// Short-term environment feedback after this turn's action: -1 error / invalid,
+    /// Short-term environment feedback on this turn's action: -1 error / invalid,
     /// 0 neutral, +1 informative change (EFCA).
     pub feedback: i8,
     /// Number of tool calls made in this turn.
@@ -137,7 +142,10 @@ pub struct Batch {
 impl Batch {
     /// Validates every row (see [`TurnRow::validate`]).
     pub fn validate(&self) -> Result<()> {
-        self.rows.iter().enumerate().try_for_each(|(i, r)| r.validate(i))
+        self.rows
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, r)| r.validate(i))
     }
 
     /// Total number of response tokens, masked or not.
@@ -147,7 +155,10 @@ impl Batch {
 
     /// An all-zero per-token array shaped like the batch's responses.
     pub fn zeros_like_responses(&self) -> Vec<Vec<f32>> {
-        self.rows.iter().map(|r| vec![0.0; r.response_ids.len()]).collect()
+        self.rows
+            .iter()
+            .map(|r| vec![0.0; r.response_ids.len()])
+            .collect()
     }
 }
 
@@ -182,7 +193,11 @@ impl Signals {
     pub fn validate_against(&self, batch: &Batch) -> Result<()> {
         check_shape("advantages", &self.advantages, batch)?;
         for term in &self.aux {
-            check_shape(&format!("aux term `{}`", term.name), &term.coefficients, batch)?;
+            check_shape(
+                &format!("aux term `{}`", term.name),
+                &term.coefficients,
+                batch,
+            )?;
         }
         Ok(())
     }

@@ -103,12 +103,8 @@ pub trait Environment: Send + Sync + 'static {
     fn task(&self, task: TaskRef) -> Result<TaskInfo>;
 
     /// Starts an episode of `task`. The same `(task, seed)` always gives the same episode.
-    fn start(
-        &self,
-        task: TaskRef,
-        seed: u64,
-        variant: &ContextVariant,
-    ) -> Result<Box<dyn Episode>>;
+    fn start(&self, task: TaskRef, seed: u64, variant: &ContextVariant)
+        -> Result<Box<dyn Episode>>;
 }
 
 /// A running episode.

@@ -4,7 +4,9 @@ use std::fmt;
 
 /// What went wrong, coarsely, so the host can decide what to tell the user.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, abi_stable::StableAbi)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, abi_stable::StableAbi,
+)]
 pub enum ErrorKind {
     /// The plugin's configuration is invalid (unknown key, bad value, unmet need).
     Config = 0,
@@ -41,7 +43,10 @@ pub struct PluginError {
 
 impl PluginError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        PluginError { kind, message: message.into() }
+        PluginError {
+            kind,
+            message: message.into(),
+        }
     }
     pub fn config(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Config, message)

@@ -120,7 +120,10 @@ impl<E: Environment> FfiEnvironment for EnvironmentAdapter<E> {
         guard(|| {
             let variant = ContextVariant::from(variant);
             let episode = self.0.start(TaskRef { split, index }, seed, &variant)?;
-            Ok(FfiEpisode_TO::from_value(EpisodeAdapter(episode), TD_Opaque))
+            Ok(FfiEpisode_TO::from_value(
+                EpisodeAdapter(episode),
+                TD_Opaque,
+            ))
         })
     }
 }
@@ -171,7 +174,11 @@ impl Host for ForeignHost<'_> {
     }
 
     fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        self.0.tokenize(text.into()).into_result().map(RVec::into_vec).map_err(PluginError::from)
+        self.0
+            .tokenize(text.into())
+            .into_result()
+            .map(RVec::into_vec)
+            .map_err(PluginError::from)
     }
 
     fn log_metric(&self, name: &str, value: f64) {
@@ -180,7 +187,12 @@ impl Host for ForeignHost<'_> {
 }
 
 /// Builds the [`FfiPluginInfo`] an export macro returns.
-pub fn plugin_info(name: &str, version: &str, kind: PluginKind, description: &str) -> FfiPluginInfo {
+pub fn plugin_info(
+    name: &str,
+    version: &str,
+    kind: PluginKind,
+    description: &str,
+) -> FfiPluginInfo {
     FfiPluginInfo {
         name: name.into(),
         version: version.into(),
@@ -194,7 +206,12 @@ pub fn create_algorithm<A: Algorithm>(
     config: RStr<'_>,
     create: fn(&str) -> Result<A>,
 ) -> RResult<FfiAlgorithmBox, FfiError> {
-    guard(|| Ok(FfiAlgorithm_TO::from_value(AlgorithmAdapter(create(config.as_str())?), TD_Opaque)))
+    guard(|| {
+        Ok(FfiAlgorithm_TO::from_value(
+            AlgorithmAdapter(create(config.as_str())?),
+            TD_Opaque,
+        ))
+    })
 }
 
 /// Runs an environment constructor under [`guard`] and boxes the result.
@@ -203,7 +220,10 @@ pub fn create_environment<E: Environment>(
     create: fn(&str) -> Result<E>,
 ) -> RResult<FfiEnvironmentBox, FfiError> {
     guard(|| {
-        Ok(FfiEnvironment_TO::from_value(EnvironmentAdapter(create(config.as_str())?), TD_Opaque))
+        Ok(FfiEnvironment_TO::from_value(
+            EnvironmentAdapter(create(config.as_str())?),
+            TD_Opaque,
+        ))
     })
 }
 
@@ -218,20 +238,27 @@ pub fn wrong_kind<T>(name: &str, is: PluginKind) -> RResult<T, FfiError> {
     )
 }
 
-/// Assembles the root module.
+/// Assembles the root module, reporting plugin ABI `cairn_abi` (always [`crate::ABI_VERSION`]
+/// outside of tests of the host's refusal path).
 pub fn root_module(
+    cairn_abi: u32,
     describe: extern "C" fn() -> FfiPluginInfo,
     create_algorithm: extern "C" fn(RStr<'_>) -> RResult<FfiAlgorithmBox, FfiError>,
     create_environment: extern "C" fn(RStr<'_>) -> RResult<FfiEnvironmentBox, FfiError>,
 ) -> CairnPluginRef {
-    CairnPluginModule { cairn_abi: crate::ABI_VERSION, describe, create_algorithm, create_environment }
-        .leak_into_prefix()
+    CairnPluginModule {
+        cairn_abi,
+        describe,
+        create_algorithm,
+        create_environment,
+    }
+    .leak_into_prefix()
 }
 
 #[doc(hidden)]
 pub mod __private {
     pub use abi_stable::library::{
-        CheckTypeLayout, LibHeader, RootModuleResult, __call_root_module_loader,
+        __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
     };
 }
 
@@ -241,8 +268,23 @@ pub mod __private {
 #[macro_export]
 macro_rules! __export_root_module {
     ($describe:ident, $create_algorithm:ident, $create_environment:ident) => {
+        $crate::__export_root_module_with_abi!(
+            $crate::ABI_VERSION,
+            $describe,
+            $create_algorithm,
+            $create_environment
+        );
+    };
+}
+
+/// Like `__export_root_module!` with an explicit ABI number; only the `old-abi` test plugin
+/// uses another number than [`crate::ABI_VERSION`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_root_module_with_abi {
+    ($abi:expr, $describe:ident, $create_algorithm:ident, $create_environment:ident) => {
         fn __cairn_root_module() -> $crate::ffi::CairnPluginRef {
-            $crate::export::root_module($describe, $create_algorithm, $create_environment)
+            $crate::export::root_module($abi, $describe, $create_algorithm, $create_environment)
         }
 
         /// The abi_stable library header: the one symbol the host looks up.
@@ -331,4 +373,3 @@ macro_rules! export_environment {
         );
     };
 }
-

@@ -17,8 +17,7 @@
 use abi_stable::{
     declare_root_module_statics,
     library::RootModule,
-    package_version_strings,
-    sabi_trait,
+    package_version_strings, sabi_trait,
     sabi_types::{RRef, VersionStrings},
     std_types::{RBox, ROption, RResult, RStr, RString, RVec},
     StableAbi,
@@ -38,13 +37,19 @@ pub struct FfiError {
 
 impl From<PluginError> for FfiError {
     fn from(e: PluginError) -> Self {
-        FfiError { kind: e.kind, message: e.message.into() }
+        FfiError {
+            kind: e.kind,
+            message: e.message.into(),
+        }
     }
 }
 
 impl From<FfiError> for PluginError {
     fn from(e: FfiError) -> Self {
-        PluginError { kind: e.kind, message: e.message.into() }
+        PluginError {
+            kind: e.kind,
+            message: e.message.into(),
+        }
     }
 }
 
@@ -65,7 +70,7 @@ impl PluginKind {
     }
 }
 
-/// FFI form of [`crate::PluginInfo`].
+/// FFI form of [`crate::foreign::PluginInfo`].
 #[repr(C)]
 #[derive(Clone, Debug, StableAbi)]
 pub struct FfiPluginInfo {
@@ -166,9 +171,8 @@ impl TryFrom<&FfiTurnRow> for TurnRow {
         let info = if r.info_json.is_empty() {
             Default::default()
         } else {
-            serde_json::from_str(r.info_json.as_str()).map_err(|e| {
-                PluginError::input(format!("row info is not a JSON object: {e}"))
-            })?
+            serde_json::from_str(r.info_json.as_str())
+                .map_err(|e| PluginError::input(format!("row info is not a JSON object: {e}")))?
         };
         Ok(TurnRow {
             group_id: r.group_id,
@@ -205,7 +209,10 @@ pub struct FfiBatch {
 
 impl From<&Batch> for FfiBatch {
     fn from(b: &Batch) -> Self {
-        FfiBatch { step: b.step, rows: b.rows.iter().map(FfiTurnRow::from).collect() }
+        FfiBatch {
+            step: b.step,
+            rows: b.rows.iter().map(FfiTurnRow::from).collect(),
+        }
     }
 }
 
@@ -214,7 +221,11 @@ impl TryFrom<&FfiBatch> for Batch {
     fn try_from(b: &FfiBatch) -> Result<Self, PluginError> {
         Ok(Batch {
             step: b.step,
-            rows: b.rows.iter().map(TurnRow::try_from).collect::<Result<_, _>>()?,
+            rows: b
+                .rows
+                .iter()
+                .map(TurnRow::try_from)
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -271,7 +282,10 @@ impl From<Signals> for FfiSignals {
             metrics: s
                 .metrics
                 .into_iter()
-                .map(|(name, value)| FfiMetric { name: name.into(), value })
+                .map(|(name, value)| FfiMetric {
+                    name: name.into(),
+                    value,
+                })
                 .collect(),
         }
     }
@@ -291,7 +305,11 @@ impl From<FfiSignals> for Signals {
                 })
                 .collect(),
             dropped_groups: s.dropped_groups.into_vec(),
-            metrics: s.metrics.into_iter().map(|m| (m.name.into(), m.value)).collect(),
+            metrics: s
+                .metrics
+                .into_iter()
+                .map(|m| (m.name.into(), m.value))
+                .collect(),
         }
     }
 }
@@ -329,7 +347,10 @@ pub struct FfiGeneration {
 #[sabi_trait]
 pub trait FfiHost {
     fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<RVec<f32>>, FfiError>;
-    fn generate(&self, requests: RVec<FfiGenerateRequest>) -> RResult<RVec<FfiGeneration>, FfiError>;
+    fn generate(
+        &self,
+        requests: RVec<FfiGenerateRequest>,
+    ) -> RResult<RVec<FfiGeneration>, FfiError>;
     fn tokenize(&self, text: RStr<'_>) -> RResult<RVec<u32>, FfiError>;
     #[sabi(last_prefix_field)]
     fn log_metric(&self, name: RStr<'_>, value: f64);
@@ -416,6 +437,9 @@ mod tests {
 
     #[test]
     fn root_module_symbol_matches_abi_stable() {
-        assert_eq!(ROOT_MODULE_SYMBOL, abi_stable::library::ROOT_MODULE_LOADER_NAME);
+        assert_eq!(
+            ROOT_MODULE_SYMBOL,
+            abi_stable::library::ROOT_MODULE_LOADER_NAME
+        );
     }
 }

@@ -15,7 +15,9 @@ use abi_stable::{
 
 use crate::algorithm::{Algorithm, GroupRequest, Requirements};
 use crate::batch::{Batch, ContextVariant, Signals};
-use crate::env::{Environment, EnvironmentInfo, Episode, Observation, StepOutcome, TaskInfo, TaskRef};
+use crate::env::{
+    Environment, EnvironmentInfo, Episode, Observation, StepOutcome, TaskInfo, TaskRef,
+};
 use crate::error::{ErrorKind, PluginError, Result};
 use crate::ffi::*;
 use crate::host::{GenerateRequest, Host, ScoreRequest};
@@ -28,7 +30,11 @@ pub enum LoadError {
     /// The library has no Cairn root module: it is not a plugin.
     NotAPlugin { path: PathBuf },
     /// The plugin was built against another Cairn plugin ABI.
-    AbiVersion { path: PathBuf, found: u32, expected: u32 },
+    AbiVersion {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
     /// abi_stable rejected the library: another abi_stable or SDK version, or types whose
     /// layout differs from the host's.
     Incompatible { path: PathBuf, reason: String },
@@ -84,7 +90,10 @@ pub struct LoadedPlugin {
 
 impl std::fmt::Debug for LoadedPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedPlugin").field("path", &self.path).field("info", &self.info).finish()
+        f.debug_struct("LoadedPlugin")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -95,25 +104,41 @@ impl std::fmt::Debug for LoadedPlugin {
 pub fn load_plugin(path: &Path) -> std::result::Result<LoadedPlugin, LoadError> {
     let path_buf = path.to_path_buf();
     let header = lib_header_from_path(path).map_err(|e| match e {
-        LibraryError::OpenError { err, .. } => {
-            LoadError::Open { path: path_buf.clone(), reason: err.to_string() }
-        }
-        LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin { path: path_buf.clone() },
-        other => LoadError::Incompatible { path: path_buf.clone(), reason: short(&other) },
+        LibraryError::OpenError { err, .. } => LoadError::Open {
+            path: path_buf.clone(),
+            reason: err.to_string(),
+        },
+        LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin {
+            path: path_buf.clone(),
+        },
+        other => LoadError::Incompatible {
+            path: path_buf.clone(),
+            reason: short(&other),
+        },
     })?;
     // Read the ABI number before the full layout check, so a plain version mismatch is
     // reported as one. `cairn_abi` is the first field of every version of the module.
     // SAFETY: only `cairn_abi`, whose offset and type never change, is read before
     // `check_layout` below validates the rest.
     let unchecked = unsafe { header.init_root_module_with_unchecked_layout::<CairnPluginRef>() }
-        .map_err(|e| LoadError::Incompatible { path: path_buf.clone(), reason: short(&e) })?;
+        .map_err(|e| LoadError::Incompatible {
+            path: path_buf.clone(),
+            reason: short(&e),
+        })?;
     let abi = unchecked.cairn_abi();
     if abi != crate::ABI_VERSION {
-        return Err(LoadError::AbiVersion { path: path_buf, found: abi, expected: crate::ABI_VERSION });
+        return Err(LoadError::AbiVersion {
+            path: path_buf,
+            found: abi,
+            expected: crate::ABI_VERSION,
+        });
     }
     let module = header
         .check_layout::<CairnPluginRef>()
-        .map_err(|e| LoadError::Incompatible { path: path_buf.clone(), reason: short(&e) })?;
+        .map_err(|e| LoadError::Incompatible {
+            path: path_buf.clone(),
+            reason: short(&e),
+        })?;
     let raw = (module.describe())();
     let info = PluginInfo {
         name: raw.name.into(),
@@ -122,13 +147,21 @@ pub fn load_plugin(path: &Path) -> std::result::Result<LoadedPlugin, LoadError> 
         description: raw.description.into(),
         abi,
     };
-    Ok(LoadedPlugin { path: path_buf, info, module })
+    Ok(LoadedPlugin {
+        path: path_buf,
+        info,
+        module,
+    })
 }
 
 /// abi_stable's layout reports can run to pages; keep the first lines.
 fn short(e: &LibraryError) -> String {
     let text = e.to_string();
-    let mut lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(6).collect();
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(6)
+        .collect();
     if text.lines().count() > 6 {
         lines.push("...");
     }
@@ -141,7 +174,10 @@ impl LoadedPlugin {
         let inner = (self.module.create_algorithm())(RStr::from(config_json))
             .into_result()
             .map_err(|e| self.error(e.into()))?;
-        Ok(ForeignAlgorithm { name: self.info.name.clone(), inner })
+        Ok(ForeignAlgorithm {
+            name: self.info.name.clone(),
+            inner,
+        })
     }
 
     /// Creates an environment instance from its JSON config.
@@ -149,7 +185,10 @@ impl LoadedPlugin {
         let inner = (self.module.create_environment())(RStr::from(config_json))
             .into_result()
             .map_err(|e| self.error(e.into()))?;
-        Ok(ForeignEnvironment { name: self.info.name.clone(), inner })
+        Ok(ForeignEnvironment {
+            name: self.info.name.clone(),
+            inner,
+        })
     }
 
     fn error(&self, e: PluginError) -> PluginError {
@@ -159,7 +198,10 @@ impl LoadedPlugin {
 
 /// Puts the plugin's name on an error coming out of it.
 fn named(name: &str, e: PluginError) -> PluginError {
-    PluginError { kind: e.kind, message: format!("plugin `{name}`: {}", e.message) }
+    PluginError {
+        kind: e.kind,
+        message: format!("plugin `{name}`: {}", e.message),
+    }
 }
 
 fn lift<T>(name: &str, r: RResult<T, FfiError>) -> Result<T> {
@@ -209,7 +251,9 @@ impl Algorithm for ForeignAlgorithm {
         let adapter = HostAdapter(host);
         let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
         let signals: Signals = lift(&self.name, self.inner.signals(&ffi_batch, host_ref))?.into();
-        signals.validate_against(batch).map_err(|e| named(&self.name, e))?;
+        signals
+            .validate_against(batch)
+            .map_err(|e| named(&self.name, e))?;
         Ok(signals)
     }
 
@@ -250,10 +294,21 @@ impl Environment for ForeignEnvironment {
         parse_json(&self.name, "task info", text)
     }
 
-    fn start(&self, task: TaskRef, seed: u64, variant: &ContextVariant) -> Result<Box<dyn Episode>> {
+    fn start(
+        &self,
+        task: TaskRef,
+        seed: u64,
+        variant: &ContextVariant,
+    ) -> Result<Box<dyn Episode>> {
         let variant = FfiContextVariant::from(variant);
-        let inner = lift(&self.name, self.inner.start(task.split, task.index, seed, &variant))?;
-        Ok(Box::new(ForeignEpisode { name: self.name.clone(), inner }))
+        let inner = lift(
+            &self.name,
+            self.inner.start(task.split, task.index, seed, &variant),
+        )?;
+        Ok(Box::new(ForeignEpisode {
+            name: self.name.clone(),
+            inner,
+        }))
     }
 }
 
@@ -267,7 +322,10 @@ impl Episode for ForeignEpisode {
     fn observation(&self) -> Observation {
         lift(&self.name, self.inner.observation_json())
             .and_then(|t| parse_json(&self.name, "observation", t))
-            .unwrap_or_else(|e| Observation { text: format!("[environment error: {e}]"), ..Default::default() })
+            .unwrap_or_else(|e| Observation {
+                text: format!("[environment error: {e}]"),
+                ..Default::default()
+            })
     }
 
     fn step(&mut self, action: &str) -> Result<StepOutcome> {
@@ -276,7 +334,10 @@ impl Episode for ForeignEpisode {
     }
 
     fn expert_action(&self) -> Option<String> {
-        lift(&self.name, self.inner.expert_action()).ok().and_then(|a| a.into_option()).map(String::from)
+        lift(&self.name, self.inner.expert_action())
+            .ok()
+            .and_then(|a| a.into_option())
+            .map(String::from)
     }
 }
 
@@ -294,11 +355,19 @@ impl FfiHost for HostAdapter<'_> {
                     response_ids: r.response_ids.into_vec(),
                 })
                 .collect();
-            Ok(self.0.score(&requests)?.into_iter().map(RVec::from).collect())
+            Ok(self
+                .0
+                .score(&requests)?
+                .into_iter()
+                .map(RVec::from)
+                .collect())
         })
     }
 
-    fn generate(&self, requests: RVec<FfiGenerateRequest>) -> RResult<RVec<FfiGeneration>, FfiError> {
+    fn generate(
+        &self,
+        requests: RVec<FfiGenerateRequest>,
+    ) -> RResult<RVec<FfiGeneration>, FfiError> {
         crate::export::guard(|| {
             let requests: Vec<GenerateRequest> = requests
                 .into_iter()

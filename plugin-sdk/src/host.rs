@@ -55,10 +55,14 @@ pub struct OfflineHost {
 
 impl Host for OfflineHost {
     fn score(&self, _requests: &[ScoreRequest]) -> Result<Vec<Vec<f32>>> {
-        Err(crate::PluginError::host("no policy model is loaded: scoring is unavailable offline"))
+        Err(crate::PluginError::host(
+            "no policy model is loaded: scoring is unavailable offline",
+        ))
     }
     fn generate(&self, _requests: &[GenerateRequest]) -> Result<Vec<Generation>> {
-        Err(crate::PluginError::host("no policy model is loaded: generation is unavailable offline"))
+        Err(crate::PluginError::host(
+            "no policy model is loaded: generation is unavailable offline",
+        ))
     }
     fn tokenize(&self, _text: &str) -> Result<Vec<u32>> {
         Err(crate::PluginError::host("no tokenizer is loaded offline"))

@@ -16,6 +16,7 @@
 
 pub mod algorithm;
 pub mod batch;
+pub mod config;
 pub mod env;
 pub mod error;
 pub mod export;

@@ -1,1 +1,198 @@
-fn main() {}
+//! `cairn`: train LLM agents with RL on multi-turn tasks.
+//!
+//! The one binary of the project. It reads the command line and the environment, installs the
+//! tracing subscriber, picks devices, and exits with a status; everything else is in
+//! `cairn-kernel` (actors, objective, plugins), `cairn-torch` (the model) and the plugins.
+//!
+//! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `config`, and with
+//! the `torch` feature `logprobs`.
+
+mod commands;
+mod plot;
+mod progress;
+#[cfg(feature = "torch")]
+mod setup;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The default pipeline: the household environment, a small model trained from scratch, an
+/// SFT warm start on expert demonstrations, then GRPO.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../examples/household-grpo.toml");
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Train LLM agents with reinforcement learning on multi-turn tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a training pipeline (the embedded default when CONFIG is omitted).
+    Train {
+        /// Pipeline config (TOML). Default: the embedded `examples/household-grpo.toml`.
+        config: Option<PathBuf>,
+        /// Override `run.dir`.
+        #[arg(long)]
+        run_dir: Option<PathBuf>,
+        /// Override `run.steps` (RL steps).
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Start over even if the run directory has a checkpoint.
+        #[arg(long)]
+        no_resume: bool,
+    },
+    /// Evaluate a checkpoint on held-out tasks.
+    Eval {
+        /// A checkpoint directory (`<run>/checkpoints/step-NNNNNN`).
+        checkpoint: PathBuf,
+        /// Pipeline config; default: the `config.toml` of the checkpoint's run directory.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Held-out tasks to play (default: `eval.tasks`).
+        #[arg(long)]
+        tasks: Option<usize>,
+        /// Sampling temperature (default: `eval.temperature`; 0 is greedy).
+        #[arg(long)]
+        temperature: Option<f32>,
+    },
+    /// Inspect plugins.
+    Plugins {
+        #[command(subcommand)]
+        command: PluginsCommand,
+    },
+    /// Run one algorithm plugin's signals on a batch JSON file, without a model.
+    Signals {
+        /// Algorithm plugin name.
+        #[arg(long)]
+        plugin: String,
+        /// Plugin config entries `KEY=VALUE` (VALUE is parsed as JSON, else taken as a string).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+        /// A batch in the documented JSON form (see docs/batch-json.md).
+        #[arg(long)]
+        batch: PathBuf,
+        /// Plugin directories (default: $CAIRN_PLUGIN_DIR, then the executable's directory).
+        #[arg(long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// Compute the loss, its gradient w.r.t. the current log-probs, and the metrics, from the
+    /// log-probs given in a batch file, without a model.
+    Loss {
+        /// A loss input file (see docs/algorithms/loss-tool.md).
+        #[arg(long)]
+        batch: PathBuf,
+        /// token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm | per-rollout
+        #[arg(long)]
+        aggregation: Option<String>,
+        /// Split the rows into this many micro-batches (the result must not change).
+        #[arg(long, default_value_t = 1)]
+        micro_batches: usize,
+        /// KL estimator: k1 | k2 | k3.
+        #[arg(long)]
+        kl: Option<String>,
+        /// KL coefficient.
+        #[arg(long)]
+        kl_coef: Option<f64>,
+        /// Further objective settings `KEY=VALUE` (e.g. clip_high=0.28).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Draw `curves.png` for a run directory.
+    Plot { run_dir: PathBuf },
+    /// Print the embedded default pipeline config.
+    Config,
+    /// Print the per-token log-probs of responses under a model, as JSON.
+    #[cfg(feature = "torch")]
+    Logprobs {
+        /// A Hugging Face model directory.
+        model_dir: PathBuf,
+        /// A JSON list of `{"prompt_ids": [...], "response_ids": [...]}`.
+        #[arg(long)]
+        input: PathBuf,
+        /// Softmax temperature applied to the logits.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+        /// cpu | cuda | auto
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginsCommand {
+    /// Name, version, kind, ABI and path of each plugin, and the files that failed to load.
+    List {
+        /// Plugin directories (default: $CAIRN_PLUGIN_DIR, then the executable's directory).
+        #[arg(long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train {
+            config,
+            run_dir,
+            steps,
+            no_resume,
+        } => commands::train(config.as_deref(), run_dir, steps, no_resume),
+        Command::Eval {
+            checkpoint,
+            config,
+            tasks,
+            temperature,
+        } => commands::eval(&checkpoint, config.as_deref(), tasks, temperature),
+        Command::Plugins {
+            command: PluginsCommand::List { dirs },
+        } => commands::plugins_list(&dirs),
+        Command::Signals {
+            plugin,
+            config,
+            batch,
+            dirs,
+        } => commands::signals(&plugin, &config, &batch, &dirs),
+        Command::Loss {
+            batch,
+            aggregation,
+            micro_batches,
+            kl,
+            kl_coef,
+            set,
+        } => commands::loss(&batch, aggregation, micro_batches, kl, kl_coef, &set),
+        Command::Plot { run_dir } => plot::plot_run(&run_dir).map(|p| println!("{}", p.display())),
+        Command::Config => {
+            print!("{DEFAULT_CONFIG}");
+            Ok(())
+        }
+        #[cfg(feature = "torch")]
+        Command::Logprobs {
+            model_dir,
+            input,
+            temperature,
+            device,
+        } => commands::logprobs(&model_dir, &input, temperature, &device),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

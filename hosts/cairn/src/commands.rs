@@ -1,0 +1,372 @@
+//! The subcommands.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use cairn_kernel::objective::tools::{run_loss, run_signals, LossToolInput};
+use cairn_kernel::objective::ObjectiveConfig;
+use cairn_kernel::plugins::{default_dirs, PluginRegistry};
+use cairn_plugin_sdk::Batch;
+
+fn dirs_or_default(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    if dirs.is_empty() {
+        let exe = std::env::current_exe().ok();
+        default_dirs(
+            exe.as_deref(),
+            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
+        )
+    } else {
+        dirs.to_vec()
+    }
+}
+
+/// `cairn plugins list`.
+pub fn plugins_list(dirs: &[PathBuf]) -> Result<()> {
+    let dirs = dirs_or_default(dirs);
+    let registry = PluginRegistry::scan(&dirs)?;
+    println!(
+        "{:<12} {:<9} {:<12} {:<4} path",
+        "name", "version", "kind", "abi"
+    );
+    for p in registry.plugins() {
+        println!(
+            "{:<12} {:<9} {:<12} {:<4} {}",
+            p.info.name,
+            p.info.version,
+            p.info.kind.as_str(),
+            p.info.abi,
+            p.path.display()
+        );
+    }
+    if registry.plugins().is_empty() {
+        println!(
+            "(no plugins in {})",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for failure in registry.failures() {
+        eprintln!("error: {failure}");
+    }
+    Ok(())
+}
+
+/// Parses `KEY=VALUE` pairs into a JSON object; VALUE is JSON when it parses, else a string.
+fn key_values(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut map = serde_json::Map::new();
+    for pair in pairs {
+        let Some((k, v)) = pair.split_once('=') else {
+            bail!("`{pair}` is not KEY=VALUE");
+        };
+        let value =
+            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+        map.insert(k.trim().to_string(), value);
+    }
+    Ok(map)
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `cairn signals`.
+pub fn signals(plugin: &str, config: &[String], batch_path: &Path, dirs: &[PathBuf]) -> Result<()> {
+    let registry = PluginRegistry::scan(&dirs_or_default(dirs))?;
+    let config_json = serde_json::Value::Object(key_values(config)?).to_string();
+    let mut algorithm = registry.algorithm(plugin)?.create_algorithm(&config_json)?;
+    let batch: Batch = serde_json::from_str(&read(batch_path)?).with_context(|| {
+        format!(
+            "{}: not a batch in the JSON form of docs/batch-json.md",
+            batch_path.display()
+        )
+    })?;
+    let report =
+        run_signals(&mut algorithm, &batch).with_context(|| batch_path.display().to_string())?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// `cairn loss`.
+pub fn loss(
+    input_path: &Path,
+    aggregation: Option<String>,
+    micro_batches: usize,
+    kl: Option<String>,
+    kl_coef: Option<f64>,
+    set: &[String],
+) -> Result<()> {
+    let input = LossToolInput::from_json(&read(input_path)?).map_err(|e| match e {
+        cairn_kernel::Error::Config { message, .. } => {
+            anyhow::anyhow!(
+                "{}: {message} (see docs/algorithms/loss-tool.md)",
+                input_path.display()
+            )
+        }
+        other => other.into(),
+    })?;
+    let mut settings = key_values(set)?;
+    if let Some(a) = aggregation {
+        settings.insert("aggregation".into(), a.into());
+    }
+    if let Some(k) = kl {
+        settings.insert("kl_estimator".into(), k.into());
+    }
+    if let Some(c) = kl_coef {
+        settings.insert("kl_coef".into(), c.into());
+    }
+    let config = ObjectiveConfig::from_json(&serde_json::Value::Object(settings).to_string())?;
+    let report = run_loss(&input, &config, micro_batches)
+        .with_context(|| input_path.display().to_string())?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn train(_: Option<&Path>, _: Option<PathBuf>, _: Option<u64>, _: bool) -> Result<()> {
+    bail!("this cairn was built without the `torch` feature; rebuild with `cargo build --release` (default features)")
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn eval(_: &Path, _: Option<&Path>, _: Option<usize>, _: Option<f32>) -> Result<()> {
+    bail!("this cairn was built without the `torch` feature; rebuild with `cargo build --release` (default features)")
+}
+
+#[cfg(feature = "torch")]
+pub use with_torch::*;
+
+#[cfg(feature = "torch")]
+mod with_torch {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use anyhow::{bail, Context, Result};
+    use cairn_kernel::actors::{self, rollout::Evaluate, rollout::RolloutSettings, PipelineParts};
+    use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
+    use cairn_kernel::config::PipelineConfig;
+    use cairn_kernel::run::RunDir;
+    use cairn_kernel::trainer::{Summary, Trainer};
+    use cairn_plugin_sdk::{Algorithm, Environment};
+    use parking_lot::Mutex;
+
+    use super::read;
+    use crate::progress::Progress;
+    use crate::setup;
+    use crate::DEFAULT_CONFIG;
+
+    fn parts(
+        config: &PipelineConfig,
+        run: &RunDir,
+    ) -> Result<(PipelineParts, Arc<Mutex<Box<dyn Algorithm>>>)> {
+        let plugins = setup::plugins(config)?;
+        let tokenizer = setup::tokenizer(config, &run.root, plugins.env.as_ref())?;
+        let builder = setup::prompt_builder(config, &tokenizer)?;
+        let backend = setup::backend(config, tokenizer.vocab_size())?;
+        let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
+            Arc::new(Mutex::new(Box::new(plugins.algorithm)));
+        let r = &config.rollout;
+        let env: Arc<dyn Environment> = plugins.env;
+        let parts = PipelineParts {
+            backend: Box::new(backend),
+            env,
+            algorithm: algorithm.clone(),
+            builder,
+            codec: Arc::new(tokenizer),
+            rollout: RolloutSettings {
+                seed: config.run.seed,
+                tasks_per_step: r.tasks_per_step,
+                group_size: r.group_size,
+                temperature: r.temperature,
+                top_p: r.top_p,
+                max_new_tokens: r.max_new_tokens,
+                max_turns: r.max_turns,
+            },
+            reward: Default::default(),
+            objective: config.objective.clone(),
+            micro_batch_rows: config.optimizer.micro_batch_rows,
+            updates_per_batch: config.optimizer.updates_per_batch,
+            record_dir: config
+                .run
+                .record_trajectories
+                .then(|| run.root.join("trajectories")),
+            bank_capacity: config.bank.capacity,
+        };
+        Ok((parts, algorithm))
+    }
+
+    fn load_config(path: Option<&Path>) -> Result<PipelineConfig> {
+        Ok(match path {
+            Some(p) => PipelineConfig::load(p)?,
+            None => PipelineConfig::parse(
+                DEFAULT_CONFIG,
+                "<embedded default: examples/household-grpo.toml>",
+            )?,
+        })
+    }
+
+    /// `cairn train`.
+    pub fn train(
+        config_path: Option<&Path>,
+        run_dir: Option<PathBuf>,
+        steps: Option<u64>,
+        no_resume: bool,
+    ) -> Result<()> {
+        let mut config = load_config(config_path)?;
+        if let Some(dir) = run_dir {
+            config.run.dir = dir;
+        }
+        if let Some(s) = steps {
+            config.run.steps = s;
+        }
+        if no_resume {
+            config.run.resume = false;
+        }
+        let started = std::time::Instant::now();
+        let run = RunDir::create(&config.run.dir)?;
+        eprintln!("run directory: {}", run.root.display());
+        let (parts, algorithm) = parts(&config, &run)?;
+        let mut progress = Progress::default();
+        let summary: Summary = actix::System::new().block_on(async {
+            let pipeline = actors::start(parts);
+            let mut observer = |e| progress.on_event(e);
+            let mut trainer = Trainer {
+                config: config.clone(),
+                pipeline,
+                algorithm,
+                run: run.clone(),
+                observer: &mut observer,
+            };
+            trainer.run().await
+        })?;
+        let plot = crate::plot::plot_run(&run.root)?;
+        println!(
+            "held-out success (seed {}, {} tasks, temperature {}):",
+            config.run.seed, config.eval.tasks, config.eval.temperature
+        );
+        for (label, r) in &summary.evals {
+            println!(
+                "  {label:<18} {:>5.1}%  ({}/{}, policy version {})",
+                r.success_rate * 100.0,
+                r.successes,
+                r.tasks,
+                r.policy_version
+            );
+        }
+        println!("metrics: {}", run.metrics_path().display());
+        println!("plot:    {}", plot.display());
+        println!("time:    {:.1} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// The run directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`).
+    fn run_of(checkpoint: &Path) -> Result<PathBuf> {
+        let dir = checkpoint
+            .canonicalize()
+            .with_context(|| format!("checkpoint {}", checkpoint.display()))?;
+        match dir.parent().and_then(Path::parent) {
+            Some(run) if dir.parent().is_some_and(|p| p.ends_with("checkpoints")) => Ok(run.to_path_buf()),
+            _ => bail!(
+                "{}: not a checkpoint directory (expected <run>/checkpoints/step-NNNNNN); pass --config too",
+                checkpoint.display()
+            ),
+        }
+    }
+
+    /// `cairn eval CHECKPOINT`.
+    pub fn eval(
+        checkpoint: &Path,
+        config_path: Option<&Path>,
+        tasks: Option<usize>,
+        temperature: Option<f32>,
+    ) -> Result<()> {
+        let policy_dir = checkpoint.join("policy");
+        if !policy_dir.is_dir() {
+            bail!("{}: no `policy/` directory; give a checkpoint directory `<run>/checkpoints/step-NNNNNN`", checkpoint.display());
+        }
+        let run_root = match config_path {
+            Some(_) => checkpoint
+                .parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+            None => run_of(checkpoint)?,
+        };
+        let config_file = config_path
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| run_root.join("config.toml"));
+        let config = PipelineConfig::load(&config_file)?;
+        let run = RunDir { root: run_root };
+        let (mut parts, _algorithm) = parts(&config, &run)?;
+        parts.backend.load(&policy_dir)?;
+        let version = parts.backend.policy_version();
+        let tasks = tasks.unwrap_or(config.eval.tasks);
+        let temperature = temperature.unwrap_or(config.eval.temperature);
+        let seed = cairn_kernel::rollout::mix(config.run.seed, 0xE7A1);
+        let report = actix::System::new().block_on(async {
+            let pipeline = actors::start(parts);
+            pipeline
+                .rollout
+                .send(Evaluate {
+                    tasks,
+                    temperature,
+                    seed,
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("rollout actor: {e}"))?
+                .map_err(anyhow::Error::from)
+        })?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        eprintln!(
+            "held-out success {}/{} = {:.1}% (policy version {version}, seed {seed}, temperature {temperature})",
+            report.successes,
+            report.tasks,
+            report.success_rate * 100.0
+        );
+        Ok(())
+    }
+
+    /// `cairn logprobs MODEL_DIR --input FILE`.
+    pub fn logprobs(model_dir: &Path, input: &Path, temperature: f32, device: &str) -> Result<()> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Item {
+            prompt_ids: Vec<u32>,
+            response_ids: Vec<u32>,
+        }
+        let items: Vec<Item> = serde_json::from_str(&read(input)?).with_context(|| {
+            format!(
+                "{}: expected a JSON list of {{\"prompt_ids\": [...], \"response_ids\": [...]}}",
+                input.display()
+            )
+        })?;
+        if !(temperature > 0.0) {
+            bail!("--temperature must be > 0");
+        }
+        let config = cairn_torch::BackendConfig {
+            model: cairn_torch::ModelSource::Pretrained {
+                dir: model_dir.to_path_buf(),
+            },
+            device: serde_json::from_value(serde_json::json!(device))
+                .with_context(|| format!("--device {device}"))?,
+            dtype: None,
+            seed: 0,
+            threads: None,
+            optimizer: Default::default(),
+            warmup_steps: 0,
+            score_batch_size: 32,
+        };
+        let mut backend =
+            cairn_torch::TorchBackend::new(&config).map_err(cairn_kernel::Error::from)?;
+        let sequences: Vec<Sequence> = items
+            .into_iter()
+            .map(|i| Sequence {
+                prompt_ids: i.prompt_ids,
+                response_ids: i.response_ids,
+            })
+            .collect();
+        let out = backend.score(&sequences, temperature, Weights::Current)?;
+        println!("{}", serde_json::to_string(&out)?);
+        Ok(())
+    }
+}

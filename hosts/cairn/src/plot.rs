@@ -1,0 +1,180 @@
+//! The PNG of a run's curves, drawn from `metrics.jsonl` and `eval.jsonl` at the end of a run
+//! (and by `cairn plot RUN_DIR`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+use serde_json::Value;
+
+static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// One panel: a metric key of `metrics.jsonl` (RL steps) and its title.
+const PANELS: &[(&str, &str)] = &[
+    ("reward/episode_mean", "mean episode reward"),
+    ("success_rate", "training success rate"),
+    ("loss", "loss"),
+    ("kl", "KL to reference (token mean)"),
+    ("clip_fraction", "clip fraction"),
+    ("response_length/mean", "response length (tokens)"),
+    ("turns_per_trajectory/mean", "turns per episode"),
+    ("tokens_per_s", "rollout tokens/s"),
+];
+
+/// Series read from a run directory.
+struct Series {
+    rl: Vec<(f64, serde_json::Map<String, Value>)>,
+    sft: Vec<(f64, f64)>,
+    evals: Vec<(f64, f64, String)>,
+}
+
+fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+fn load(run_dir: &Path) -> Result<Series> {
+    let mut s = Series {
+        rl: Vec::new(),
+        sft: Vec::new(),
+        evals: Vec::new(),
+    };
+    for v in read_jsonl(&run_dir.join("metrics.jsonl"))? {
+        let Value::Object(m) = v else { continue };
+        let step = m.get("step").and_then(Value::as_f64).unwrap_or(0.0);
+        match m.get("phase").and_then(Value::as_str) {
+            Some("rl") => s.rl.push((step, m)),
+            Some("warm_start") => {
+                if let Some(l) = m.get("sft_loss").and_then(Value::as_f64) {
+                    s.sft.push((step, l));
+                }
+            }
+            _ => {}
+        }
+    }
+    for v in read_jsonl(&run_dir.join("eval.jsonl"))? {
+        let step = v.get("step").and_then(Value::as_f64).unwrap_or(0.0);
+        let rate = v.get("success_rate").and_then(Value::as_f64).unwrap_or(0.0);
+        let label = v
+            .get("label")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        s.evals.push((step, rate, label));
+    }
+    Ok(s)
+}
+
+fn range(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
+    let lo = values.clone().fold(f64::INFINITY, f64::min);
+    let hi = values.fold(f64::NEG_INFINITY, f64::max);
+    if !lo.is_finite() || !hi.is_finite() {
+        return (0.0, 1.0);
+    }
+    // A flat series still gets a readable band around it.
+    let pad = ((hi - lo) * 0.08).max(0.05 * lo.abs().max(hi.abs()).max(1.0));
+    (lo - pad, hi + pad)
+}
+
+/// Draws `<run_dir>/curves.png` and returns its path.
+pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
+    // Registering twice is harmless: the registry is keyed by family and style.
+    let _ = register_font("sans-serif", FontStyle::Normal, FONT);
+    let series = load(run_dir)?;
+    let out = run_dir.join("curves.png");
+    let root = BitMapBackend::new(&out, (1600, 1300)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, rest) = root.split_vertically(60);
+    top.titled(
+        &format!("Cairn run: {}", run_dir.display()),
+        ("sans-serif", 30).into_font(),
+    )?;
+    let (grid_area, bottom) = rest.split_vertically(960);
+    let panels = grid_area.split_evenly((2, 4));
+    for (area, (key, title)) in panels.iter().zip(PANELS) {
+        let points: Vec<(f64, f64)> = series
+            .rl
+            .iter()
+            .filter_map(|(s, m)| m.get(*key).and_then(Value::as_f64).map(|v| (*s, v)))
+            .filter(|(_, v)| v.is_finite())
+            .collect();
+        let (x0, x1) = range(points.iter().map(|p| p.0));
+        let (y0, y1) = range(points.iter().map(|p| p.1));
+        let mut chart = ChartBuilder::on(area)
+            .caption(*title, ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            points.iter().copied(),
+            BLUE.stroke_width(2),
+        ))?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 2, BLUE.filled())))?;
+    }
+    let (sft_area, eval_area) = bottom.split_horizontally(800);
+    {
+        let (x0, x1) = range(series.sft.iter().map(|p| p.0));
+        let (y0, y1) = range(series.sft.iter().map(|p| p.1));
+        let mut chart = ChartBuilder::on(&sft_area)
+            .caption("warm start: SFT loss (nats/token)", ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            series.sft.iter().copied(),
+            RED.stroke_width(2),
+        ))?;
+    }
+    {
+        let (x0, x1) = range(series.evals.iter().map(|p| p.0));
+        // Room on the right for the last point's label.
+        let x1 = x1 + (x1 - x0) * 0.25;
+        let mut chart = ChartBuilder::on(&eval_area)
+            .caption("held-out success rate", ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, 0.0..1.05)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        let pts: Vec<(f64, f64)> = series.evals.iter().map(|e| (e.0, e.1)).collect();
+        chart.draw_series(LineSeries::new(pts.iter().copied(), GREEN.stroke_width(2)))?;
+        chart.draw_series(series.evals.iter().map(|(x, y, label)| {
+            EmptyElement::at((*x, *y))
+                + Circle::new((0, 0), 5, GREEN.filled())
+                + Text::new(
+                    format!("{label} {:.0}%", y * 100.0),
+                    (6, -16),
+                    ("sans-serif", 14),
+                )
+        }))?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(run_dir.join("curves.png"))
+}

@@ -1,0 +1,182 @@
+//! Building a pipeline's parts from its config: plugins, requirement checks, tokenizer, model
+//! backend and prompt format. Everything here fails before any compute starts, with an error
+//! that names the file, key or plugin.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cairn_kernel::config::{PipelineConfig, PromptFormat};
+use cairn_kernel::plugins::{default_dirs, PluginRegistry};
+use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
+use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
+use cairn_plugin_sdk::foreign::{ForeignAlgorithm, ForeignEnvironment};
+use cairn_plugin_sdk::{Environment, ErrorKind, PluginError};
+use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
+
+/// The plugin directories of a config: `plugins.dirs`, or the defaults.
+pub fn plugin_dirs(config: &PipelineConfig) -> Vec<PathBuf> {
+    if config.plugins.dirs.is_empty() {
+        let exe = std::env::current_exe().ok();
+        default_dirs(
+            exe.as_deref(),
+            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
+        )
+    } else {
+        config.plugins.dirs.clone()
+    }
+}
+
+/// Maps a plugin's error to a config error when it is about the config.
+fn plugin_error(
+    config: &PipelineConfig,
+    section: &str,
+    plugin: &str,
+    e: PluginError,
+) -> anyhow::Error {
+    if e.kind == ErrorKind::Config {
+        config
+            .plugin_config_error(section, plugin, &e.message)
+            .into()
+    } else {
+        anyhow::Error::new(e).context(format!("creating {section} plugin `{plugin}`"))
+    }
+}
+
+/// The environment and algorithm of a pipeline, created and checked against each other.
+pub struct Plugins {
+    pub env: Arc<ForeignEnvironment>,
+    pub algorithm: ForeignAlgorithm,
+}
+
+pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
+    let registry = PluginRegistry::scan(&plugin_dirs(config))?;
+    for failure in registry.failures() {
+        tracing::warn!("{failure}");
+    }
+    let (env_name, algo_name) = (&config.environment.plugin, &config.algorithm.plugin);
+    let env = registry
+        .environment(env_name)?
+        .create_environment(&config.environment.config_json())
+        .map_err(|e| plugin_error(config, "environment", env_name, e))?;
+    let algorithm = registry
+        .algorithm(algo_name)?
+        .create_algorithm(&config.algorithm.config_json())
+        .map_err(|e| plugin_error(config, "algorithm", algo_name, e))?;
+    let info = env
+        .try_info()
+        .with_context(|| format!("environment `{env_name}`"))?;
+    let requirements = algorithm
+        .try_requirements()
+        .with_context(|| format!("algorithm `{algo_name}`"))?;
+    config.check_requirements(&requirements, &info)?;
+    Ok(Plugins {
+        env: Arc::new(env),
+        algorithm,
+    })
+}
+
+/// Special tokens of the tokenizers Cairn trains for scratch models.
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+/// The policy's tokenizer: the model directory's, or (scratch models) one trained on the
+/// environment's training-task text and kept in `<run>/tokenizer/` so a resumed run or an
+/// evaluation reuses it.
+pub fn tokenizer(
+    config: &PipelineConfig,
+    run_dir: &Path,
+    env: &dyn Environment,
+) -> Result<Tokenizer> {
+    if let Some(path) = &config.model.path {
+        return Ok(Tokenizer::from_dir(path)?);
+    }
+    let scratch = config
+        .model
+        .scratch
+        .as_ref()
+        .expect("config validation: path or scratch");
+    let dir = run_dir.join("tokenizer");
+    if dir.join("tokenizer.json").is_file() {
+        return Ok(Tokenizer::from_dir(&dir)?);
+    }
+    let max_turns = config.rollout.max_turns.max(env.info().max_turns);
+    let corpus = cairn_kernel::rollout::corpus(env, scratch.tokenizer_episodes, max_turns)
+        .context("collecting environment text for the tokenizer")?;
+    let tokenizer = train_word_level(corpus, &WordLevelConfig::default())?;
+    tokenizer.save(&dir)?;
+    Ok(Tokenizer::from_dir(&dir)?)
+}
+
+/// The prompt format of the pipeline.
+pub fn prompt_builder(
+    config: &PipelineConfig,
+    tokenizer: &Tokenizer,
+) -> Result<Arc<dyn PromptBuilder>> {
+    Ok(match config.rollout.prompt {
+        PromptFormat::Plain => Arc::new(PlainPrompt {
+            codec: tokenizer.clone(),
+            separator: vec![tokenizer.require_id(IM_START)?],
+            stop_ids: {
+                let end = tokenizer.require_id(IM_END)?;
+                let mut ids = vec![end];
+                ids.extend(tokenizer.eos_ids().iter().filter(|&&i| i != end));
+                ids
+            },
+        }),
+        PromptFormat::Chat => Arc::new(ChatPrompt {
+            format: ChatFormat::from_tokenizer(tokenizer.clone())?,
+            system: String::new(),
+        }),
+    })
+}
+
+/// The backend config of a pipeline (weights from `model.path`, or a fresh scratch model).
+pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<BackendConfig> {
+    let model = match (&config.model.path, &config.model.scratch) {
+        (Some(dir), _) => ModelSource::Pretrained { dir: dir.clone() },
+        (None, Some(s)) => {
+            let mut mc = ModelConfig::qwen3(
+                vocab_size,
+                s.hidden_size,
+                s.intermediate_size,
+                s.num_hidden_layers,
+                s.num_attention_heads,
+                s.num_key_value_heads,
+            );
+            mc.tie_word_embeddings = s.tie_word_embeddings;
+            mc.max_position_embeddings = 1024;
+            ModelSource::Random {
+                config: Box::new(mc),
+            }
+        }
+        (None, None) => unreachable!("config validation requires model.path or model.scratch"),
+    };
+    let device: DeviceOption = serde_json::from_value(serde_json::json!(config.model.device))
+        .with_context(|| format!("model.device = {:?}", config.model.device))?;
+    let dtype = serde_json::from_value(serde_json::json!(config.model.dtype))
+        .with_context(|| format!("model.dtype = {:?}", config.model.dtype))?;
+    let o = &config.optimizer;
+    Ok(BackendConfig {
+        model,
+        device,
+        dtype: Some(dtype),
+        seed: config.run.seed,
+        threads: (config.model.threads > 0).then_some(config.model.threads),
+        optimizer: cairn_kernel::backend::OptimizerSettings {
+            lr: o.lr,
+            betas: o.betas,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            max_grad_norm: o.max_grad_norm,
+        },
+        warmup_steps: 0,
+        score_batch_size: 64,
+    })
+}
+
+/// Builds the backend.
+pub fn backend(config: &PipelineConfig, vocab_size: usize) -> Result<TorchBackend> {
+    let bc = backend_config(config, vocab_size)?;
+    TorchBackend::new(&bc).map_err(|e| anyhow::Error::new(cairn_kernel::Error::from(e)))
+}

@@ -1,0 +1,199 @@
+//! The policy actor: owns the [`PolicyBackend`] on a `SyncArbiter` thread, so all tch work
+//! (sampling, scoring, training, checkpoint I/O) runs off the async arbiters, one call at a
+//! time.
+//!
+//! Each handler runs the backend under `catch_unwind`: a panic inside libtorch glue becomes an
+//! error for the caller instead of killing the thread (actix's supervisor would only restart it
+//! after `ctx.stop()`).
+
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+
+use actix::prelude::*;
+
+use crate::backend::{Generation, PolicyBackend, SamplingParams, Sequence, StepReport, Weights};
+use crate::error::{Error, Result};
+use crate::loss::TokenLoss;
+
+/// Holds the backend. Start it with `SyncArbiter::start(1, ..)`.
+pub struct PolicyActor {
+    backend: Box<dyn PolicyBackend>,
+}
+
+impl PolicyActor {
+    pub fn new(backend: Box<dyn PolicyBackend>) -> Self {
+        PolicyActor { backend }
+    }
+
+    fn guarded<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut dyn PolicyBackend) -> Result<T>,
+    ) -> Result<T> {
+        let backend = &mut *self.backend;
+        match catch_unwind(AssertUnwindSafe(|| f(backend))) {
+            Ok(r) => r,
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".into());
+                Err(Error::Model(format!("{what} panicked: {msg}")))
+            }
+        }
+    }
+}
+
+impl Actor for PolicyActor {
+    type Context = SyncContext<Self>;
+}
+
+/// Sample one response per prompt.
+#[derive(Message)]
+#[rtype(result = "Result<Generated>")]
+pub struct Generate {
+    pub prompts: Vec<Vec<u32>>,
+    pub params: SamplingParams,
+}
+
+/// Responses plus the version of the weights that sampled them.
+#[derive(Clone, Debug, Default)]
+pub struct Generated {
+    pub generations: Vec<Generation>,
+    pub policy_version: u64,
+}
+
+impl Handler<Generate> for PolicyActor {
+    type Result = Result<Generated>;
+    fn handle(&mut self, msg: Generate, _: &mut Self::Context) -> Self::Result {
+        self.guarded("generate", |b| {
+            let policy_version = b.policy_version();
+            Ok(Generated {
+                generations: b.generate(&msg.prompts, &msg.params)?,
+                policy_version,
+            })
+        })
+    }
+}
+
+/// Log-probs of response tokens after their prompts, no grad.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<Vec<f32>>>")]
+pub struct Score {
+    pub sequences: Vec<Sequence>,
+    pub temperature: f32,
+    pub weights: Weights,
+}
+
+impl Handler<Score> for PolicyActor {
+    type Result = Result<Vec<Vec<f32>>>;
+    fn handle(&mut self, msg: Score, _: &mut Self::Context) -> Self::Result {
+        self.guarded("score", |b| {
+            b.score(&msg.sequences, msg.temperature, msg.weights)
+        })
+    }
+}
+
+/// One optimizer step with a token-decomposed loss; the loss comes back with its report.
+#[derive(Message)]
+#[rtype(result = "Result<(StepReport, L)>")]
+pub struct TrainStep<L: TokenLoss + Send + 'static> {
+    pub sequences: Vec<Sequence>,
+    pub micro_batches: Vec<Range<usize>>,
+    pub temperature: f32,
+    pub loss: L,
+}
+
+impl<L: TokenLoss + Send + 'static> Handler<TrainStep<L>> for PolicyActor {
+    type Result = Result<(StepReport, L)>;
+    fn handle(&mut self, mut msg: TrainStep<L>, _: &mut Self::Context) -> Self::Result {
+        self.guarded("train step", |b| {
+            let report = b.train_step(
+                &msg.sequences,
+                &msg.micro_batches,
+                msg.temperature,
+                &mut msg.loss,
+            )?;
+            Ok((report, msg.loss))
+        })
+    }
+}
+
+/// Copy the live weights into the reference weights.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct SnapshotReference;
+
+impl Handler<SnapshotReference> for PolicyActor {
+    type Result = Result<()>;
+    fn handle(&mut self, _: SnapshotReference, _: &mut Self::Context) -> Self::Result {
+        self.guarded("snapshot reference", |b| b.snapshot_reference())
+    }
+}
+
+/// Write a checkpoint of the backend into `dir`.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct SaveCheckpoint {
+    pub dir: PathBuf,
+}
+
+impl Handler<SaveCheckpoint> for PolicyActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: SaveCheckpoint, _: &mut Self::Context) -> Self::Result {
+        self.guarded("save checkpoint", |b| b.save(&msg.dir))
+    }
+}
+
+/// Restore a checkpoint of the backend from `dir`.
+#[derive(Message)]
+#[rtype(result = "Result<u64>")]
+pub struct LoadCheckpoint {
+    pub dir: PathBuf,
+}
+
+impl Handler<LoadCheckpoint> for PolicyActor {
+    type Result = Result<u64>;
+    fn handle(&mut self, msg: LoadCheckpoint, _: &mut Self::Context) -> Self::Result {
+        self.guarded("load checkpoint", |b| {
+            b.load(&msg.dir)?;
+            Ok(b.policy_version())
+        })
+    }
+}
+
+/// The live policy version.
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct PolicyVersion;
+
+impl Handler<PolicyVersion> for PolicyActor {
+    type Result = u64;
+    fn handle(&mut self, _: PolicyVersion, _: &mut Self::Context) -> u64 {
+        self.backend.policy_version()
+    }
+}
+
+/// Sends `msg` and blocks this thread until the answer comes. Only for `SyncArbiter` threads
+/// (the rollout and optimizer actors), never from an async arbiter.
+pub fn call<M>(recipient: &Recipient<M>, msg: M) -> Result<M::Result>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    futures::executor::block_on(recipient.send(msg)).map_err(|e| Error::Mailbox(e.to_string()))
+}
+
+/// Reset the optimizer with new hyper-parameters.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct ConfigureOptimizer(pub crate::backend::OptimizerSettings);
+
+impl Handler<ConfigureOptimizer> for PolicyActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: ConfigureOptimizer, _: &mut Self::Context) -> Self::Result {
+        self.guarded("configure optimizer", |b| b.configure_optimizer(&msg.0))
+    }
+}

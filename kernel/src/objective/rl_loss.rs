@@ -1,0 +1,1132 @@
+//! [`RlLoss`]: the RL objective as a [`TokenLoss`], and its [`LossReport`].
+//!
+//! Per token `l` of row `r` with mask 1, weight `w_r` ([`row_weights`]), current log-prob `ℓ`,
+//! `ρ = exp(clamp(ℓ − ℓ_old, ±log_ratio_clamp))`:
+//!
+//! | term | value | `∂/∂ℓ` | `∂/∂H` |
+//! |------|-------|--------|--------|
+//! | surrogate | `w · ℓ^pg(ρ, A)` | `w · (−A) · ρ` on the unclipped branch, 0 where a clip won or the log-ratio clamp is active | |
+//! | KL (loss mode) | `β · w · k(ℓ, ℓ_ref)` | `β · w · ∂k/∂ℓ` | |
+//! | entropy | `−c_H · w · H` | | `−c_H · w` |
+//! | aux term j | `coef_j · w · c_j · ℓ` | `coef_j · w · c_j` | |
+//!
+//! All weights are fixed in [`RlLoss::new`] from the whole step, so splitting the step into
+//! micro-batches (ranges of rows, each passed once to [`TokenLoss::grads`]) changes neither the
+//! loss, nor the gradient, nor any metric. Masked slots are skipped before any arithmetic
+//! (select-then-reduce): a NaN there cannot reach a sum (OpenRLHF #1240).
+
+use std::ops::Range;
+
+use serde::Serialize;
+
+use super::config::{KlMode, ObjectiveConfig};
+use super::input::{row_weights, ObjectiveRow};
+use super::kl::kl_value_and_grad;
+use super::surrogate::{clipped_surrogate, ClipBranch, ClipRange};
+use crate::error::{Error, Result};
+use crate::loss::{TokenGrads, TokenLoss};
+
+/// The loss components and training metrics of one optimizer step. Token means are over the
+/// step's mask-1 tokens; they are 0 when the step has no such token.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LossReport {
+    /// The total loss: `pg_loss + kl_loss + entropy_loss + Σ aux_losses`.
+    pub loss: f64,
+    /// `agg(ℓ^pg)`, the clipped surrogate under the configured aggregation.
+    pub pg_loss: f64,
+    /// `kl_coef · agg(k)` with `kl_mode = loss`; 0 with `kl_mode = reward` (the penalty is then
+    /// in the rewards).
+    pub kl_loss: f64,
+    /// `−entropy_coef · agg(H)`.
+    pub entropy_loss: f64,
+    /// `coef · agg(c · ℓ)` of each auxiliary term, by name, in the step's order.
+    pub aux_losses: Vec<NamedValue>,
+    /// Token mean of the KL estimator `k(ℓ, ℓ_ref)` (the configured one, k3 clamped), whatever
+    /// the aggregation and the KL mode; `None` when no reference log-probs were given.
+    pub kl: Option<f64>,
+    /// Token mean of the per-token entropy `H` (nats); `None` unless the backend passed
+    /// entropies for every token.
+    pub entropy: Option<f64>,
+    /// Fraction of tokens where the ratio clip changed the token's loss: the clipped term
+    /// strictly exceeded `−A·ρ` (tokens with `A = 0`, or a ratio inside the range, never count).
+    pub clip_fraction: f64,
+    /// Fraction of tokens where the dual-clip cap strictly won (`A < 0`, ratio above
+    /// `dual_clip`). Disjoint from `clip_fraction`.
+    pub dual_clip_fraction: f64,
+    /// Token mean of `ρ − 1 − log ρ` (k3 with `ρ = π_θ/π_old`, clamped log-ratio): a
+    /// non-negative, unbiased estimate of `KL(π_old ‖ π_θ)` on the old policy's samples.
+    pub approx_kl_old_k3: f64,
+    /// Token mean of `ρ`.
+    pub ratio_mean: f64,
+    /// Largest `ρ` over the step's tokens.
+    pub ratio_max: f64,
+    /// Mask-1 tokens in the step.
+    pub tokens: usize,
+    /// Rows of the step with at least one mask-1 token.
+    pub rows: usize,
+}
+
+/// A named scalar.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NamedValue {
+    pub name: String,
+    pub value: f64,
+}
+
+impl LossReport {
+    /// The report as `(name, value)` metrics for the step log.
+    pub fn metrics(&self) -> Vec<(String, f64)> {
+        let mut out = vec![
+            ("loss/total".to_string(), self.loss),
+            ("loss/pg".to_string(), self.pg_loss),
+            ("loss/kl".to_string(), self.kl_loss),
+            ("loss/entropy".to_string(), self.entropy_loss),
+        ];
+        out.extend(
+            self.aux_losses
+                .iter()
+                .map(|a| (format!("loss/aux/{}", a.name), a.value)),
+        );
+        if let Some(kl) = self.kl {
+            out.push(("actor/kl_ref".into(), kl));
+        }
+        if let Some(h) = self.entropy {
+            out.push(("actor/entropy".into(), h));
+        }
+        out.extend([
+            ("actor/clip_fraction".to_string(), self.clip_fraction),
+            (
+                "actor/dual_clip_fraction".to_string(),
+                self.dual_clip_fraction,
+            ),
+            ("actor/approx_kl_old_k3".to_string(), self.approx_kl_old_k3),
+            ("actor/ratio_mean".to_string(), self.ratio_mean),
+            ("actor/ratio_max".to_string(), self.ratio_max),
+            ("actor/tokens".to_string(), self.tokens as f64),
+            ("actor/rows".to_string(), self.rows as f64),
+        ]);
+        out
+    }
+}
+
+/// Running sums over the tokens processed so far.
+#[derive(Clone, Debug, Default)]
+struct Sums {
+    /// Σ w·ℓ^pg.
+    pg: f64,
+    /// Σ w·k (loss mode only).
+    kl_weighted: f64,
+    /// Σ w·H.
+    entropy_weighted: f64,
+    /// Σ w·c_j·ℓ per aux term.
+    aux_weighted: Vec<f64>,
+    /// Σ k, Σ H, and the count of tokens with an entropy.
+    kl: f64,
+    entropy: f64,
+    entropy_tokens: usize,
+    /// Σ (ρ − 1 − log ρ), Σ ρ, max ρ.
+    approx_kl: f64,
+    ratio: f64,
+    ratio_max: f64,
+    clipped: usize,
+    dual_clipped: usize,
+    tokens: usize,
+}
+
+impl Sums {
+    fn add(&mut self, o: &Sums) {
+        self.pg += o.pg;
+        self.kl_weighted += o.kl_weighted;
+        self.entropy_weighted += o.entropy_weighted;
+        for (a, b) in self.aux_weighted.iter_mut().zip(&o.aux_weighted) {
+            *a += b;
+        }
+        self.kl += o.kl;
+        self.entropy += o.entropy;
+        self.entropy_tokens += o.entropy_tokens;
+        self.approx_kl += o.approx_kl;
+        self.ratio += o.ratio;
+        self.ratio_max = self.ratio_max.max(o.ratio_max);
+        self.clipped += o.clipped;
+        self.dual_clipped += o.dual_clipped;
+        self.tokens += o.tokens;
+    }
+}
+
+/// The RL objective of one optimizer step (see the module docs). Build one per step (verl: per
+/// mini-batch), pass each row to [`TokenLoss::grads`] exactly once (in any micro-batch split),
+/// then read [`RlLoss::report`].
+#[derive(Clone, Debug)]
+pub struct RlLoss {
+    config: ObjectiveConfig,
+    clip: ClipRange,
+    rows: Vec<ObjectiveRow>,
+    /// `(name, coef)` of each auxiliary term.
+    aux: Vec<(String, f64)>,
+    /// Aggregation weight of each row, fixed for the step.
+    weights: Vec<f64>,
+    has_ref: bool,
+    active_rows: usize,
+    /// Rows already passed to `grads`.
+    done: Vec<bool>,
+    sums: Sums,
+}
+
+fn input_error(message: String) -> Error {
+    Error::Other(format!("objective input: {message}"))
+}
+
+impl RlLoss {
+    /// Validates the config and the step's rows (shapes, masks, finite values on mask-1
+    /// tokens, reference log-probs present when the KL is in the loss) and fixes the
+    /// aggregation weights. `rows` are the step's sequences in the order the backend indexes
+    /// them; `aux` is `(name, coef)` of each auxiliary term, matching every row's
+    /// [`ObjectiveRow::aux`] ([`super::StepInput::from_batch`] builds both from a batch).
+    pub fn new(
+        config: &ObjectiveConfig,
+        rows: Vec<ObjectiveRow>,
+        aux: Vec<(String, f32)>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let config = config.clone();
+        for (name, coef) in &aux {
+            if !coef.is_finite() {
+                return Err(input_error(format!(
+                    "aux term `{name}` has coefficient {coef}"
+                )));
+            }
+        }
+        let aux: Vec<(String, f64)> = aux.into_iter().map(|(n, c)| (n, f64::from(c))).collect();
+        let with_ref = rows.iter().filter(|r| r.ref_logp.is_some()).count();
+        let has_ref = with_ref > 0;
+        if has_ref && with_ref < rows.len() {
+            let missing = rows.iter().position(|r| r.ref_logp.is_none()).unwrap_or(0);
+            return Err(input_error(format!(
+                "{with_ref} of {} rows carry reference log-probs but row {missing} does not; give \
+                 them for every row or for none",
+                rows.len()
+            )));
+        }
+        if !has_ref && !rows.is_empty() && config.kl_mode == KlMode::Loss && config.kl_coef > 0.0 {
+            return Err(input_error(format!(
+                "kl_coef = {} with kl_mode = \"loss\" needs reference log-probs on every row",
+                config.kl_coef
+            )));
+        }
+        for (r, row) in rows.iter().enumerate() {
+            check_row(r, row, aux.len())?;
+        }
+        let weights = row_weights(&config, &rows);
+        let tokens: Vec<usize> = rows.iter().map(ObjectiveRow::tokens).collect();
+        let sums = Sums {
+            aux_weighted: vec![0.0; aux.len()],
+            ..Sums::default()
+        };
+        Ok(RlLoss {
+            clip: ClipRange::from(&config),
+            config,
+            done: vec![false; rows.len()],
+            active_rows: tokens.iter().filter(|&&t| t > 0).count(),
+            rows,
+            aux,
+            weights,
+            has_ref,
+            sums,
+        })
+    }
+
+    /// The aggregation weight of each row.
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// Checks that every row has been passed to [`TokenLoss::grads`]; the error names the first
+    /// missing row.
+    pub fn check_complete(&self) -> Result<()> {
+        match self.done.iter().position(|d| !d) {
+            None => Ok(()),
+            Some(r) => Err(Error::Other(format!(
+                "objective: row {r} of {} was never passed to grads this step; every row must be \
+                 in exactly one micro-batch",
+                self.rows.len()
+            ))),
+        }
+    }
+
+    /// The loss and metrics of the step. Once every row has been processed
+    /// ([`RlLoss::check_complete`]) they are the step's; before that, the loss components are
+    /// the processed rows' share (with the step's weights) and token means are over the
+    /// processed tokens.
+    pub fn report(&self) -> LossReport {
+        let s = &self.sums;
+        let per_token = |x: f64| {
+            if s.tokens == 0 {
+                0.0
+            } else {
+                x / s.tokens as f64
+            }
+        };
+        let kl_loss = match self.config.kl_mode {
+            KlMode::Loss => self.config.kl_coef * s.kl_weighted,
+            KlMode::Reward => 0.0,
+        };
+        let entropy_loss = -self.config.entropy_coef * s.entropy_weighted;
+        let aux_losses: Vec<NamedValue> = self
+            .aux
+            .iter()
+            .zip(&s.aux_weighted)
+            .map(|((name, coef), &v)| NamedValue {
+                name: name.clone(),
+                value: coef * v,
+            })
+            .collect();
+        let loss = s.pg + kl_loss + entropy_loss + aux_losses.iter().map(|a| a.value).sum::<f64>();
+        LossReport {
+            loss,
+            pg_loss: s.pg,
+            kl_loss,
+            entropy_loss,
+            aux_losses,
+            kl: self.has_ref.then(|| per_token(s.kl)),
+            entropy: (s.tokens > 0 && s.entropy_tokens == s.tokens).then(|| per_token(s.entropy)),
+            clip_fraction: per_token(s.clipped as f64),
+            dual_clip_fraction: per_token(s.dual_clipped as f64),
+            approx_kl_old_k3: per_token(s.approx_kl),
+            ratio_mean: per_token(s.ratio),
+            ratio_max: s.ratio_max,
+            tokens: s.tokens,
+            rows: self.active_rows,
+        }
+    }
+
+    /// One row's gradients and sums; touches no state.
+    fn row_grads(
+        &self,
+        r: usize,
+        logp: &[f32],
+        entropy: Option<&[f32]>,
+        sums: &mut Sums,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let row = &self.rows[r];
+        let len = row.mask.len();
+        if logp.len() != len || entropy.is_some_and(|h| h.len() != len) {
+            return Err(Error::Shape {
+                what: "objective grads",
+                detail: format!(
+                    "row {r}: the step has {len} response tokens but the backend passed {} \
+                     log-probs and {} entropies",
+                    logp.len(),
+                    entropy.map_or(0, <[f32]>::len)
+                ),
+            });
+        }
+        let w = self.weights[r];
+        let c = self.config.log_ratio_clamp;
+        let mut g = vec![0.0f32; len];
+        let mut h = vec![0.0f32; if entropy.is_some() { len } else { 0 }];
+        for l in (0..len).filter(|&l| row.mask[l] == 1) {
+            let lp = f64::from(logp[l]);
+            if !lp.is_finite() {
+                return Err(input_error(format!(
+                    "row {r}, token {l}: current log-prob is {lp} on a trainable token"
+                )));
+            }
+            let raw = lp - f64::from(row.old_logp[l]);
+            let log_ratio = raw.clamp(-c, c);
+            let ratio = log_ratio.exp();
+            let s = clipped_surrogate(ratio, f64::from(row.advantages[l]), self.clip);
+            // dρ/dℓ = ρ, and 0 where the log-ratio clamp holds ρ constant.
+            let dratio = if raw.abs() > c { 0.0 } else { ratio };
+            let mut grad = w * s.dloss_dratio * dratio;
+            sums.pg += w * s.loss;
+            match s.branch {
+                ClipBranch::Clipped => sums.clipped += 1,
+                ClipBranch::DualClipped => sums.dual_clipped += 1,
+                ClipBranch::Unclipped => {}
+            }
+            sums.ratio += ratio;
+            sums.ratio_max = sums.ratio_max.max(ratio);
+            sums.approx_kl += log_ratio.exp_m1() - log_ratio;
+            if let Some(refs) = &row.ref_logp {
+                let (k, dk) = kl_value_and_grad(self.config.kl_estimator, lp, f64::from(refs[l]));
+                sums.kl += k;
+                if self.config.kl_mode == KlMode::Loss {
+                    sums.kl_weighted += w * k;
+                    grad += self.config.kl_coef * w * dk;
+                }
+            }
+            if let Some(ent) = entropy {
+                let e = f64::from(ent[l]);
+                if !e.is_finite() {
+                    return Err(input_error(format!(
+                        "row {r}, token {l}: entropy is {e} on a trainable token"
+                    )));
+                }
+                sums.entropy += e;
+                sums.entropy_tokens += 1;
+                sums.entropy_weighted += w * e;
+                h[l] = (-self.config.entropy_coef * w) as f32;
+            }
+            for (j, (_, aux_coef)) in self.aux.iter().enumerate() {
+                let coef = f64::from(row.aux[j][l]);
+                sums.aux_weighted[j] += w * coef * lp;
+                grad += aux_coef * w * coef;
+            }
+            sums.tokens += 1;
+            g[l] = grad as f32;
+        }
+        Ok((g, h))
+    }
+}
+
+/// Shapes, mask values and finiteness of one input row.
+fn check_row(r: usize, row: &ObjectiveRow, aux_terms: usize) -> Result<()> {
+    let len = row.mask.len();
+    let mut vectors: Vec<(String, &[f32])> = vec![
+        ("advantages".into(), &row.advantages),
+        ("old_logp".into(), &row.old_logp),
+    ];
+    if let Some(refs) = &row.ref_logp {
+        vectors.push(("ref_logp".into(), refs));
+    }
+    if row.aux.len() != aux_terms {
+        return Err(Error::Shape {
+            what: "objective input",
+            detail: format!(
+                "row {r} has {} aux coefficient vectors but the step has {aux_terms} aux terms",
+                row.aux.len()
+            ),
+        });
+    }
+    vectors.extend(
+        row.aux
+            .iter()
+            .enumerate()
+            .map(|(j, c)| (format!("aux term {j}"), c.as_slice())),
+    );
+    for (what, v) in &vectors {
+        if v.len() != len {
+            return Err(Error::Shape {
+                what: "objective input",
+                detail: format!("row {r}: mask has {len} tokens but {what} has {}", v.len()),
+            });
+        }
+    }
+    for (l, &m) in row.mask.iter().enumerate() {
+        match m {
+            0 => {}
+            1 => {
+                for (what, v) in &vectors {
+                    if !v[l].is_finite() {
+                        return Err(input_error(format!(
+                            "row {r}, token {l}: {what} is {} on a trainable token (mask 1)",
+                            v[l]
+                        )));
+                    }
+                }
+            }
+            m => {
+                return Err(input_error(format!(
+                    "row {r}, token {l}: mask holds {m}; a mask entry is 0 or 1"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+impl TokenLoss for RlLoss {
+    fn needs_entropy(&self) -> bool {
+        self.config.needs_entropy()
+    }
+
+    fn grads(
+        &mut self,
+        rows: Range<usize>,
+        logp: &[Vec<f32>],
+        entropy: &[Vec<f32>],
+    ) -> Result<TokenGrads> {
+        if rows.end > self.rows.len() || rows.start > rows.end {
+            return Err(Error::Shape {
+                what: "objective grads",
+                detail: format!(
+                    "micro-batch rows {rows:?} outside the step's {} rows",
+                    self.rows.len()
+                ),
+            });
+        }
+        let n = rows.len();
+        if logp.len() != n || !(entropy.is_empty() || entropy.len() == n) {
+            return Err(Error::Shape {
+                what: "objective grads",
+                detail: format!(
+                    "micro-batch rows {rows:?} ({n} rows) came with {} log-prob rows and {} \
+                     entropy rows",
+                    logp.len(),
+                    entropy.len()
+                ),
+            });
+        }
+        if entropy.is_empty() && self.needs_entropy() && n > 0 {
+            return Err(Error::Other(format!(
+                "objective: entropy_coef = {} needs per-token entropies, but the backend passed none",
+                self.config.entropy_coef
+            )));
+        }
+        if let Some(r) = rows.clone().find(|&r| self.done[r]) {
+            return Err(Error::Other(format!(
+                "objective: row {r} was already passed to grads this step; each row belongs to \
+                 exactly one micro-batch"
+            )));
+        }
+        let mut sums = Sums {
+            aux_weighted: vec![0.0; self.aux.len()],
+            ..Sums::default()
+        };
+        let mut out = TokenGrads {
+            logp: Vec::with_capacity(n),
+            entropy: Vec::new(),
+        };
+        for (k, r) in rows.clone().enumerate() {
+            let ent = entropy.get(k).map(Vec::as_slice);
+            let (g, h) = self.row_grads(r, &logp[k], ent, &mut sums)?;
+            out.logp.push(g);
+            if self.needs_entropy() {
+                out.entropy.push(h);
+            }
+        }
+        self.sums.add(&sums);
+        for r in rows {
+            self.done[r] = true;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::objective::config::{Aggregation, KlEstimator};
+    use crate::objective::input::StepInput;
+
+    /// The outputs of one step: report, `∂L/∂ℓ`, `∂L/∂H` (per row, concatenated over
+    /// micro-batches).
+    type Outcome = (LossReport, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+    /// Runs a whole step through `RlLoss` with the given micro-batch split.
+    fn run(
+        config: &ObjectiveConfig,
+        input: &StepInput,
+        logp: &[Vec<f32>],
+        entropy: &[Vec<f32>],
+        split: &[Range<usize>],
+    ) -> Result<Outcome> {
+        let mut loss = new_loss(config, input)?;
+        let (mut g, mut h) = (Vec::new(), Vec::new());
+        for mb in split {
+            let ent = if entropy.is_empty() {
+                &[][..]
+            } else {
+                &entropy[mb.clone()]
+            };
+            let out = loss.grads(mb.clone(), &logp[mb.clone()], ent)?;
+            g.extend(out.logp);
+            h.extend(out.entropy);
+        }
+        loss.check_complete()?;
+        Ok((loss.report(), g, h))
+    }
+
+    fn new_loss(config: &ObjectiveConfig, step: &StepInput) -> Result<RlLoss> {
+        RlLoss::new(config, step.rows.clone(), step.aux.clone())
+    }
+
+    fn whole(n: usize) -> Vec<Range<usize>> {
+        std::iter::once(0..n).collect()
+    }
+
+    fn row(mask: &[u8], adv: &[f32], old: &[f32]) -> ObjectiveRow {
+        ObjectiveRow {
+            mask: mask.to_vec(),
+            advantages: adv.to_vec(),
+            old_logp: old.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn input(rows: Vec<ObjectiveRow>) -> StepInput {
+        StepInput {
+            batch_rows: (0..rows.len()).collect(),
+            rows,
+            aux: vec![],
+        }
+    }
+
+    fn close(got: f64, want: f64, tol: f64, what: &str) {
+        assert!((got - want).abs() <= tol, "{what}: got {got}, want {want}");
+    }
+
+    #[test]
+    fn masked_nan_never_leaks_openrlhf_1240() {
+        // Case openrlhf-1240-nan-in-masked-slot: logp [0, 0], old [0, NaN], A [1, 1], mask [1, 0].
+        let step = input(vec![row(&[1, 0], &[1.0, 1.0], &[0.0, f32::NAN])]);
+        let (report, g, _) = run(
+            &ObjectiveConfig::default(),
+            &step,
+            &[vec![0.0, f32::NAN]],
+            &[],
+            &whole(1),
+        )
+        .unwrap();
+        assert_eq!(
+            (report.pg_loss, report.loss, report.approx_kl_old_k3),
+            (-1.0, -1.0, 0.0)
+        );
+        assert_eq!(
+            (report.tokens, report.ratio_mean, report.clip_fraction),
+            (1, 1.0, 0.0)
+        );
+        assert_eq!(g, vec![vec![-1.0, 0.0]]);
+        // NaN/inf anywhere in masked slots, including advantages and the reference.
+        let mut r = row(
+            &[0, 1, 0],
+            &[f32::NAN, 2.0, f32::INFINITY],
+            &[f32::NAN, -1.0, f32::NEG_INFINITY],
+        );
+        r.ref_logp = Some(vec![f32::NAN, -1.0, f32::NAN]);
+        let config = ObjectiveConfig {
+            kl_coef: 0.5,
+            ..Default::default()
+        };
+        let (report, g, _) = run(
+            &config,
+            &input(vec![r]),
+            &[vec![f32::NAN, -1.0, f32::INFINITY]],
+            &[],
+            &whole(1),
+        )
+        .unwrap();
+        assert_eq!((report.loss, report.kl), (-2.0, Some(0.0)));
+        assert_eq!(g, vec![vec![0.0, -2.0, 0.0]]);
+    }
+
+    #[test]
+    fn non_finite_trainable_values_are_errors_naming_row_and_token() {
+        let cfg = ObjectiveConfig::default();
+        let bad_old = input(vec![
+            row(&[1], &[1.0], &[0.0]),
+            row(&[0, 1], &[1.0, 1.0], &[0.0, f32::NAN]),
+        ]);
+        let e = new_loss(&cfg, &bad_old).unwrap_err().to_string();
+        assert!(
+            e.contains("row 1, token 1: old_logp is NaN on a trainable token"),
+            "{e}"
+        );
+        let bad_adv = input(vec![row(&[1], &[f32::INFINITY], &[0.0])]);
+        let e = new_loss(&cfg, &bad_adv).unwrap_err().to_string();
+        assert!(e.contains("row 0, token 0: advantages is inf"), "{e}");
+        let ok = input(vec![row(&[1, 1], &[1.0, 1.0], &[0.0, 0.0])]);
+        let e = run(&cfg, &ok, &[vec![0.0, f32::NAN]], &[], &whole(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 0, token 1: current log-prob is NaN"), "{e}");
+        let bad_mask = input(vec![row(&[2], &[1.0], &[0.0])]);
+        let e = new_loss(&cfg, &bad_mask).unwrap_err().to_string();
+        assert!(e.contains("mask holds 2"), "{e}");
+    }
+
+    #[test]
+    fn step_bookkeeping_errors() {
+        let cfg = ObjectiveConfig::default();
+        let step = input(vec![
+            row(&[1], &[1.0], &[0.0]),
+            row(&[1, 1], &[1.0, 1.0], &[0.0, 0.0]),
+        ]);
+        let mut loss = new_loss(&cfg, &step).unwrap();
+        loss.grads(0..1, &[vec![0.0]], &[]).unwrap();
+        let e = loss.check_complete().unwrap_err().to_string();
+        assert!(e.contains("row 1 of 2 was never passed to grads"), "{e}");
+        let e = loss
+            .grads(0..2, &[vec![0.0], vec![0.0, 0.0]], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 0 was already passed"), "{e}");
+        let e = loss.grads(1..2, &[vec![0.0]], &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("row 1: the step has 2 response tokens but the backend passed 1"),
+            "{e}"
+        );
+        // A failed call changes nothing: the row can still be processed.
+        loss.grads(1..2, &[vec![0.0, 0.0]], &[]).unwrap();
+        loss.check_complete().unwrap();
+        assert_eq!(loss.report().tokens, 3);
+        let e = loss.grads(2..3, &[vec![]], &[]).unwrap_err().to_string();
+        assert!(e.contains("outside the step's 2 rows"), "{e}");
+
+        let kl = ObjectiveConfig {
+            kl_coef: 0.01,
+            ..Default::default()
+        };
+        let e = new_loss(&kl, &step).unwrap_err().to_string();
+        assert!(e.contains("needs reference log-probs"), "{e}");
+        let mut half = step.clone();
+        half.rows[0].ref_logp = Some(vec![0.0]);
+        let e = new_loss(&cfg, &half).unwrap_err().to_string();
+        assert!(
+            e.contains("1 of 2 rows carry reference log-probs but row 1 does not"),
+            "{e}"
+        );
+        let ent = ObjectiveConfig {
+            entropy_coef: 0.01,
+            ..Default::default()
+        };
+        let mut loss = new_loss(&ent, &step).unwrap();
+        assert!(loss.needs_entropy());
+        let e = loss.grads(0..1, &[vec![0.0]], &[]).unwrap_err().to_string();
+        assert!(e.contains("needs per-token entropies"), "{e}");
+    }
+
+    #[test]
+    fn clipped_losses_of_section_1e_through_the_loss() {
+        // Five one-token rows, seq-mean-token-sum ×5 = plain sum; ρ = e^{ℓ−ℓ_old}.
+        let cases = [
+            (1.3f64, 1.0f32, -1.2f64),
+            (0.7, 1.0, -0.7),
+            (0.7, -1.0, 0.8),
+            (1.3, -1.0, 1.3),
+            (4.0, -1.0, 3.0),
+        ];
+        for (ratio, adv, want) in cases {
+            let old = -2.0f32;
+            let lp = (f64::from(old) + ratio.ln()) as f32;
+            let (report, _, _) = run(
+                &ObjectiveConfig::default(),
+                &input(vec![row(&[1], &[adv], &[old])]),
+                &[vec![lp]],
+                &[],
+                &whole(1),
+            )
+            .unwrap();
+            close(report.pg_loss, want, 1e-6, &format!("(ρ={ratio}, A={adv})"));
+        }
+    }
+
+    #[test]
+    fn clip_fraction_counts_only_masked_tokens_where_clipping_changed_the_loss() {
+        // Tokens (ρ, A, mask): counted clip (1.3, +1), (0.7, −1); dual (4.0, −1); not counted:
+        // (0.7, +1) inside the winning branch, (5.0, 0) zero advantage, (9.0, +1) masked.
+        let tokens = [
+            (1.3f64, 1.0f32, 1u8),
+            (0.7, -1.0, 1),
+            (4.0, -1.0, 1),
+            (0.7, 1.0, 1),
+            (5.0, 0.0, 1),
+            (9.0, 1.0, 0),
+        ];
+        let mask: Vec<u8> = tokens.iter().map(|t| t.2).collect();
+        let adv: Vec<f32> = tokens.iter().map(|t| t.1).collect();
+        let old = vec![-1.0f32; tokens.len()];
+        let lp: Vec<f32> = tokens.iter().map(|t| (-1.0 + t.0.ln()) as f32).collect();
+        let (report, g, _) = run(
+            &ObjectiveConfig::default(),
+            &input(vec![row(&mask, &adv, &old)]),
+            &[lp],
+            &[],
+            &whole(1),
+        )
+        .unwrap();
+        assert_eq!(report.tokens, 5);
+        close(report.clip_fraction, 2.0 / 5.0, 1e-12, "clip fraction");
+        close(
+            report.dual_clip_fraction,
+            1.0 / 5.0,
+            1e-12,
+            "dual clip fraction",
+        );
+        close(
+            report.ratio_max,
+            5.0,
+            1e-6,
+            "ratio max (masked 9.0 excluded)",
+        );
+        // Gradient: zero on clipped tokens, −A·ρ·w elsewhere (w = 1/5).
+        let want = [0.0, 0.0, 0.0, -0.7 / 5.0, 0.0, 0.0];
+        for (l, (&got, want)) in g[0].iter().zip(want).enumerate() {
+            close(f64::from(got), want, 1e-6, &format!("grad token {l}"));
+        }
+    }
+
+    #[test]
+    fn loss_normalisation_modes_trl_2995() {
+        // Case trl-2995-loss-normalisation: rewards [1, 0], lengths [2, 4], eps 1e-4 (ddof 1),
+        // ratio 1, β 0 → A = ±0.707007.
+        let a = (0.5 / (std::f64::consts::FRAC_1_SQRT_2 + 1e-4)) as f32;
+        close(f64::from(a), 0.707007, 1e-6, "advantage");
+        let step = input(vec![
+            row(&[1, 1, 0, 0], &[a; 4], &[-1.0; 4]),
+            row(&[1, 1, 1, 1], &[-a; 4], &[-1.0; 4]),
+        ]);
+        let logp = vec![vec![-1.0f32; 4]; 2];
+        let check = |aggregation, norm_constant, want: f64| {
+            let config = ObjectiveConfig {
+                aggregation,
+                norm_constant,
+                ..Default::default()
+            };
+            let (report, _, _) = run(&config, &step, &logp, &[], &whole(2)).unwrap();
+            close(report.pg_loss, want, 1e-6, aggregation.as_str());
+        };
+        check(Aggregation::SeqMeanTokenMean, None, 0.0);
+        check(Aggregation::TokenMean, None, 0.235669);
+        // "seq sum / const" with const = G · L_max = 2 · 4.
+        check(Aggregation::SeqMeanTokenSumNorm, Some(8.0), 0.176752);
+    }
+
+    #[test]
+    fn uniform_groups_give_zero_loss_trl_3857() {
+        // Case trl-3857-zero-std-groups: rewards [1,1,1,1, 0,0,0,0], groups of 4, eps 1e-4.
+        use cairn_plugin_sdk::stats::{normalise_groups, Normalise, StdKind};
+        let rewards = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+        let groups = vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]];
+        let adv = normalise_groups(
+            &rewards,
+            &groups,
+            Normalise::MeanStd {
+                eps: 1e-4,
+                std: StdKind::Unbiased,
+            },
+        );
+        assert_eq!(adv, vec![0.0; 8]);
+        let rows = adv
+            .iter()
+            .map(|&a| row(&[1, 1], &[a as f32; 2], &[-0.5, -0.7]))
+            .collect();
+        let (report, g, _) = run(
+            &ObjectiveConfig::default(),
+            &input(rows),
+            &vec![vec![-0.4f32, -0.9]; 8],
+            &[],
+            &whole(8),
+        )
+        .unwrap();
+        assert_eq!(report.pg_loss, 0.0);
+        assert!(g.iter().flatten().all(|&x| x == 0.0));
+    }
+
+    /// Loss value of a step with the given current log-probs (fresh `RlLoss`).
+    fn loss_at(config: &ObjectiveConfig, step: &StepInput, logp: &[Vec<f32>]) -> f64 {
+        run(config, step, logp, &[], &whole(step.rows.len()))
+            .unwrap()
+            .0
+            .loss
+    }
+
+    #[test]
+    fn kl_gradients_match_openrlhf_1309_and_finite_differences() {
+        // Case openrlhf-1309-kl-estimators. A = 0, kl_coef = 1 and seq-mean-token-sum over one
+        // row (w = 1): the loss is Σ k and ∂L/∂ℓ is exactly ∂k/∂ℓ.
+        let logp = vec![vec![-1.0f32, -2.0, -0.5]];
+        let mut r = row(&[1, 1, 1], &[0.0; 3], &[-1.0, -2.0, -0.5]);
+        r.ref_logp = Some(vec![-1.5, -1.0, -0.5]);
+        let step = input(vec![r]);
+        let cases = [
+            (KlEstimator::K1, [0.5, -1.0, 0.0], [1.0, 1.0, 1.0]),
+            (KlEstimator::K2, [0.125, 0.5, 0.0], [0.5, -1.0, 0.0]),
+            (
+                KlEstimator::K3,
+                [0.106531, 0.718282, 0.0],
+                [0.393469, -1.718282, 0.0],
+            ),
+        ];
+        for (kl_estimator, values, grads) in cases {
+            let config = ObjectiveConfig {
+                kl_coef: 1.0,
+                kl_estimator,
+                aggregation: Aggregation::SeqMeanTokenSum,
+                ..Default::default()
+            };
+            let (report, g, _) = run(&config, &step, &logp, &[], &whole(1)).unwrap();
+            let sum: f64 = values.iter().sum();
+            close(report.loss, sum, 1e-6, &format!("{kl_estimator:?} loss"));
+            close(
+                report.kl.unwrap(),
+                sum / 3.0,
+                1e-6,
+                &format!("{kl_estimator:?} kl metric"),
+            );
+            for l in 0..3 {
+                close(
+                    f64::from(g[0][l]),
+                    grads[l],
+                    1e-6,
+                    &format!("{kl_estimator:?} grad {l}"),
+                );
+                // Central finite difference of the loss value itself (f32 inputs: h = 1e-3).
+                let h = 1e-3f32;
+                let (mut up, mut down) = (logp.clone(), logp.clone());
+                up[0][l] += h;
+                down[0][l] -= h;
+                let fd = (loss_at(&config, &step, &up) - loss_at(&config, &step, &down))
+                    / f64::from(up[0][l] - down[0][l]);
+                close(
+                    f64::from(g[0][l]),
+                    fd,
+                    2e-4,
+                    &format!("{kl_estimator:?} grad {l} vs finite difference"),
+                );
+            }
+        }
+        // kl_mode = reward: no KL in the loss, the metric still reports it.
+        let config = ObjectiveConfig {
+            kl_coef: 1.0,
+            kl_mode: KlMode::Reward,
+            kl_estimator: KlEstimator::K1,
+            ..Default::default()
+        };
+        let (report, g, _) = run(&config, &step, &logp, &[], &whole(1)).unwrap();
+        assert_eq!((report.loss, report.kl_loss), (0.0, 0.0));
+        close(
+            report.kl.unwrap(),
+            -0.5 / 3.0,
+            1e-7,
+            "kl metric in reward mode",
+        );
+        assert_eq!(g, vec![vec![0.0; 3]]);
+    }
+
+    #[test]
+    fn entropy_and_aux_terms_edge_example_section_3e() {
+        // algorithms.md §3e: ℓ^S = [−0.5, −2.0, −0.1], ℓ^T = [−0.3, −0.8, −0.1], c = sg(ℓ^S − ℓ^T)
+        // = [−0.2, −1.2, 0]; c·ℓ^S = [0.1, 2.4, 0], token-mean 0.8333, coefficients on ℓ^S are c
+        // (per token, before the 1/3 of the token mean).
+        let logp = vec![vec![-0.5f32, -2.0, -0.1]];
+        let mut r = row(&[1, 1, 1], &[0.0; 3], &[-0.5, -2.0, -0.1]);
+        r.aux = vec![vec![-0.2, -1.2, 0.0]];
+        let step = StepInput {
+            rows: vec![r],
+            aux: vec![("edge".into(), 1.0)],
+            batch_rows: vec![0],
+        };
+        let config = ObjectiveConfig {
+            entropy_coef: 0.01,
+            ..Default::default()
+        };
+        let entropy = vec![vec![1.0f32, 2.0, 3.0]];
+        let (report, g, h) = run(&config, &step, &logp, &entropy, &whole(1)).unwrap();
+        close(report.aux_losses[0].value, 2.5 / 3.0, 1e-6, "edge aux loss");
+        assert_eq!(report.aux_losses[0].name, "edge");
+        close(report.entropy.unwrap(), 2.0, 1e-12, "entropy mean");
+        close(report.entropy_loss, -0.01 * 2.0, 1e-12, "entropy loss");
+        close(report.loss, 2.5 / 3.0 - 0.02, 1e-6, "total");
+        for (l, want) in [-0.2, -1.2, 0.0].iter().enumerate() {
+            close(f64::from(g[0][l]), want / 3.0, 1e-7, "aux grad");
+            close(f64::from(h[0][l]), -0.01 / 3.0, 1e-9, "entropy grad");
+        }
+    }
+
+    #[test]
+    fn per_rollout_mass_section_13e() {
+        // algorithms.md §13e: rollouts r1 (rows of 5 and 3 tokens), r2 (4), r3 (2), r4 (6);
+        // GRPO advantages ±0.8660; N_rows = 5. Each rollout's mass Σ_tokens w·A is ±0.1732.
+        let a = (0.5 / (1.0f64 / 3.0).sqrt()) as f32;
+        let spec = [
+            (1u64, 5usize, a),
+            (1, 3, a),
+            (2, 4, -a),
+            (3, 2, a),
+            (4, 6, -a),
+        ];
+        let rows: Vec<ObjectiveRow> = spec
+            .iter()
+            .map(|&(id, n, adv)| ObjectiveRow {
+                rollout_id: id,
+                ..row(&vec![1; n], &vec![adv; n], &vec![-1.0; n])
+            })
+            .collect();
+        let logp: Vec<Vec<f32>> = rows.iter().map(|r| r.old_logp.clone()).collect();
+        let config = ObjectiveConfig {
+            aggregation: Aggregation::PerRollout,
+            ..Default::default()
+        };
+        let (_, g, _) = run(&config, &input(rows), &logp, &[], &whole(5)).unwrap();
+        // At ρ = 1, ∂L/∂ℓ = −A·w, so a rollout's mass is −Σ g.
+        let mass = |rows: &[usize]| {
+            -rows
+                .iter()
+                .map(|&r| g[r].iter().map(|&x| f64::from(x)).sum::<f64>())
+                .sum::<f64>()
+        };
+        let per_token = [0.0217, 0.0217, -0.0433, 0.0866, -0.0289];
+        for (r, want) in per_token.iter().enumerate() {
+            close(
+                -f64::from(g[r][0]),
+                *want,
+                5e-5,
+                &format!("row {r} per-token weight × A"),
+            );
+        }
+        close(mass(&[0]), 0.1083, 5e-5, "r1 row 1 mass");
+        close(mass(&[1]), 0.0650, 5e-5, "r1 row 2 mass");
+        for (rollout, rows, sign) in [
+            (1, vec![0, 1], 1.0),
+            (2, vec![2], -1.0),
+            (3, vec![3], 1.0),
+            (4, vec![4], -1.0),
+        ] {
+            close(
+                mass(&rows),
+                sign * 0.1732,
+                5e-5,
+                &format!("rollout r{rollout} mass"),
+            );
+        }
+    }
+
+    /// A random step: 1–12 rows of 0–9 tokens, NaN in every masked slot, two aux terms,
+    /// reference log-probs, entropies.
+    fn random_step(rng: &mut ChaCha8Rng) -> (StepInput, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let n = rng.gen_range(1..=12);
+        let mut rows = Vec::new();
+        let (mut logp, mut entropy) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let len = rng.gen_range(0..10);
+            let mask: Vec<u8> = (0..len).map(|_| u8::from(rng.gen_bool(0.75))).collect();
+            let pick = |rng: &mut ChaCha8Rng, m: u8, lo: f32, hi: f32| {
+                if m == 1 {
+                    rng.gen_range(lo..hi)
+                } else {
+                    f32::NAN
+                }
+            };
+            let old: Vec<f32> = mask.iter().map(|&m| pick(rng, m, -4.0, -0.01)).collect();
+            let cur: Vec<f32> = old
+                .iter()
+                .zip(&mask)
+                .map(|(&o, &m)| {
+                    if m == 1 {
+                        o + rng.gen_range(-0.6..0.6)
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect();
+            rows.push(ObjectiveRow {
+                advantages: mask.iter().map(|&m| pick(rng, m, -2.0, 2.0)).collect(),
+                ref_logp: Some(mask.iter().map(|&m| pick(rng, m, -4.0, -0.01)).collect()),
+                rollout_id: rng.gen_range(0..4),
+                aux: (0..2)
+                    .map(|_| mask.iter().map(|&m| pick(rng, m, -1.0, 1.0)).collect())
+                    .collect(),
+                old_logp: old,
+                mask: mask.clone(),
+            });
+            logp.push(cur);
+            entropy.push(mask.iter().map(|&m| pick(rng, m, 0.0, 3.0)).collect());
+        }
+        let aux = vec![("a".into(), 0.3), ("b".into(), -0.7)];
+        (
+            StepInput {
+                batch_rows: (0..n).collect(),
+                rows,
+                aux,
+            },
+            logp,
+            entropy,
+        )
+    }
+
+    /// Random contiguous split of `0..n` into micro-batches (empty ones included).
+    fn random_split(rng: &mut ChaCha8Rng, n: usize) -> Vec<Range<usize>> {
+        let mut cuts: Vec<usize> = (0..rng.gen_range(0..4))
+            .map(|_| rng.gen_range(0..=n))
+            .collect();
+        cuts.extend([0, n]);
+        cuts.sort_unstable();
+        cuts.windows(2).map(|w| w[0]..w[1]).collect()
+    }
+
+    fn rel_close(a: f64, b: f64, what: &str) {
+        assert!(
+            (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-12),
+            "{what}: {a} vs {b}"
+        );
+    }
+
+    #[test]
+    fn loss_gradients_and_metrics_are_split_invariant() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let modes = [
+            (Aggregation::TokenMean, None),
+            (Aggregation::SeqMeanTokenSum, None),
+            (Aggregation::SeqMeanTokenMean, None),
+            (Aggregation::SeqMeanTokenSumNorm, Some(13.0)),
+            (Aggregation::PerRollout, None),
+        ];
+        for trial in 0..40 {
+            let (step, logp, entropy) = random_step(&mut rng);
+            let n = step.rows.len();
+            let (aggregation, norm_constant) = modes[trial % modes.len()];
+            let kl_estimator = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][trial % 3];
+            let config = ObjectiveConfig {
+                aggregation,
+                norm_constant,
+                kl_estimator,
+                kl_coef: 0.05,
+                entropy_coef: 0.01,
+                clip_high: 0.28,
+                ..Default::default()
+            };
+            let (base, g1, h1) = run(&config, &step, &logp, &entropy, &whole(n)).unwrap();
+            let mut splits = vec![(0..n).map(|r| r..r + 1).collect::<Vec<_>>()];
+            splits.extend((0..3).map(|_| random_split(&mut rng, n)));
+            for split in splits {
+                let (report, g, h) = run(&config, &step, &logp, &entropy, &split).unwrap();
+                let what = format!("trial {trial} ({}) split {split:?}", aggregation.as_str());
+                let (a, b) = (base.metrics(), report.metrics());
+                assert_eq!(a.len(), b.len());
+                for ((name, x), (_, y)) in a.iter().zip(&b) {
+                    rel_close(*x, *y, &format!("{what}: {name}"));
+                }
+                for (x, y) in g1
+                    .iter()
+                    .flatten()
+                    .zip(g.iter().flatten())
+                    .chain(h1.iter().flatten().zip(h.iter().flatten()))
+                {
+                    rel_close(f64::from(*x), f64::from(*y), &format!("{what}: gradient"));
+                }
+            }
+            // And the gradient is the derivative of the loss (away from clip boundaries the
+            // loss is smooth; check a few tokens by central differences).
+            for (r, l) in (0..n)
+                .flat_map(|r| (0..step.rows[r].mask.len()).map(move |l| (r, l)))
+                .filter(|&(r, l)| step.rows[r].mask[l] == 1)
+                .take(3)
+            {
+                let h = 1e-2f32;
+                let (mut up, mut down) = (logp.clone(), logp.clone());
+                up[r][l] += h;
+                down[r][l] -= h;
+                let (lu, ld) = (
+                    run(&config, &step, &up, &entropy, &whole(n)).unwrap().0,
+                    run(&config, &step, &down, &entropy, &whole(n)).unwrap().0,
+                );
+                let same_branches = lu.clip_fraction == ld.clip_fraction
+                    && lu.dual_clip_fraction == ld.dual_clip_fraction
+                    && lu.clip_fraction == base.clip_fraction
+                    && lu.dual_clip_fraction == base.dual_clip_fraction;
+                if same_branches {
+                    let fd = (lu.loss - ld.loss) / f64::from(up[r][l] - down[r][l]);
+                    let got = f64::from(g1[r][l]);
+                    assert!(
+                        (got - fd).abs() <= 1e-3 * (1.0 + fd.abs()),
+                        "trial {trial} row {r} token {l}: grad {got} vs fd {fd}"
+                    );
+                }
+            }
+        }
+    }
+}

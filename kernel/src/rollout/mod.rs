@@ -1,0 +1,278 @@
+//! Playing episodes: many environment episodes advanced turn by turn, with one batched
+//! generation call per turn across every live episode.
+//!
+//! [`play`] is the synchronous core the rollout actor runs on its own thread; it is also used
+//! for held-out evaluation and, with [`demonstrations`], for expert warm-start data. Each turn
+//! becomes one [`TurnRow`] with the exact prompt ids, sampled ids and sampled log-probs.
+//!
+//! An environment that fails mid-episode (an error or a caught panic in the plugin) aborts
+//! that episode only: it is reported in [`Rollouts::aborted`] with the task and the error, its
+//! rows are not trained on, and the other episodes go on.
+
+pub mod prompt;
+pub mod tokens;
+
+use cairn_plugin_sdk::{ContextVariant, Environment, Episode, Observation, TaskRef, TurnRow};
+
+use crate::backend::{Generation, SamplingParams};
+use crate::error::Result;
+use prompt::PromptBuilder;
+
+/// One rollout slot to play.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpisodeSpec {
+    pub group_id: u64,
+    pub trajectory_id: u64,
+    pub task: TaskRef,
+    pub task_id: String,
+    /// Seed handed to the environment's `start`.
+    pub seed: u64,
+    pub variant: ContextVariant,
+}
+
+/// How to play.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlayParams {
+    /// Sampling for every turn; `seed` is mixed with the turn index per call.
+    pub sampling: SamplingParams,
+    pub max_turns: u32,
+    /// Version of the weights that will sample (recorded on every row).
+    pub policy_version: u64,
+}
+
+/// The outcome of one trajectory.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrajectoryOutcome {
+    pub trajectory_id: u64,
+    pub group_id: u64,
+    pub task_id: String,
+    pub turns: u32,
+    pub success: bool,
+    /// Sum of the environment's step rewards.
+    pub reward: f32,
+}
+
+/// What [`play`] returns.
+#[derive(Clone, Debug, Default)]
+pub struct Rollouts {
+    /// One row per turn of every trajectory that was not aborted, in trajectory then turn
+    /// order. `episode_reward`, `success` and `last_turn` are already filled in.
+    pub rows: Vec<TurnRow>,
+    pub trajectories: Vec<TrajectoryOutcome>,
+    /// Trajectories cut by an environment error: (trajectory id, task id, error).
+    pub aborted: Vec<(u64, String, String)>,
+    /// Response tokens sampled.
+    pub sampled_tokens: usize,
+}
+
+/// The batched generation call: one response per prompt.
+pub type GenerateFn<'a> = dyn FnMut(&[Vec<u32>], &SamplingParams) -> Result<Vec<Generation>> + 'a;
+
+struct Live {
+    spec: EpisodeSpec,
+    episode: Box<dyn Episode>,
+    observation: Observation,
+    rows: Vec<TurnRow>,
+    reward: f32,
+}
+
+/// Plays every episode of `specs` to the end (done, or `max_turns`).
+pub fn play(
+    env: &dyn Environment,
+    builder: &dyn PromptBuilder,
+    specs: &[EpisodeSpec],
+    params: &PlayParams,
+    generate: &mut GenerateFn<'_>,
+) -> Result<Rollouts> {
+    let mut out = Rollouts::default();
+    let mut live: Vec<Live> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        match env.start(spec.task, spec.seed, &spec.variant) {
+            Ok(episode) => {
+                let observation = episode.observation();
+                live.push(Live {
+                    spec: spec.clone(),
+                    episode,
+                    observation,
+                    rows: Vec::new(),
+                    reward: 0.0,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(task = %spec.task_id, error = %e, "environment failed to start an episode");
+                out.aborted
+                    .push((spec.trajectory_id, spec.task_id.clone(), e.to_string()));
+            }
+        }
+    }
+    let mut turn = 0u32;
+    while !live.is_empty() {
+        let prompts = live
+            .iter()
+            .map(|l| builder.prompt(&l.spec.variant, &l.observation))
+            .collect::<Result<Vec<_>>>()?;
+        let mut sampling = params.sampling.clone();
+        sampling.seed = mix(params.sampling.seed, u64::from(turn));
+        let generations = generate(&prompts, &sampling)?;
+        if generations.len() != prompts.len() {
+            return Err(crate::Error::Model(format!(
+                "generate returned {} responses for {} prompts",
+                generations.len(),
+                prompts.len()
+            )));
+        }
+        let mut still_live = Vec::with_capacity(live.len());
+        for ((mut l, prompt_ids), generation) in live.into_iter().zip(prompts).zip(generations) {
+            out.sampled_tokens += generation.ids.len();
+            let action = builder.action(&generation.ids)?;
+            let outcome = match l.episode.step(&action) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(task = %l.spec.task_id, turn, error = %e, "environment step failed; episode aborted");
+                    out.aborted
+                        .push((l.spec.trajectory_id, l.spec.task_id.clone(), e.to_string()));
+                    continue;
+                }
+            };
+            let mut info: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&outcome.info_json).unwrap_or_default();
+            info.insert("action".into(), serde_json::Value::String(action));
+            l.reward += outcome.reward;
+            l.rows.push(TurnRow {
+                group_id: l.spec.group_id,
+                trajectory_id: l.spec.trajectory_id,
+                turn,
+                task_id: l.spec.task_id.clone(),
+                policy_version: params.policy_version,
+                variant: l.spec.variant.clone(),
+                prompt_ids,
+                response_mask: vec![1; generation.ids.len()],
+                response_ids: generation.ids,
+                response_logprobs: generation.logprobs,
+                finish_reason: generation.finish_reason,
+                turn_reward: outcome.reward,
+                episode_reward: 0.0,
+                success: outcome.success,
+                last_turn: false,
+                anchor: l.observation.anchor.take(),
+                observation: std::mem::take(&mut l.observation.text),
+                feedback: outcome.feedback,
+                tool_calls: outcome.tool_calls,
+                info,
+            });
+            l.observation = outcome.observation;
+            if outcome.done || turn + 1 >= params.max_turns {
+                finish(&mut out, l, outcome.success);
+            } else {
+                still_live.push(l);
+            }
+        }
+        live = still_live;
+        turn += 1;
+    }
+    Ok(out)
+}
+
+fn finish(out: &mut Rollouts, mut l: Live, success: bool) {
+    let turns = l.rows.len() as u32;
+    for (i, row) in l.rows.iter_mut().enumerate() {
+        row.episode_reward = l.reward;
+        row.success = success;
+        row.last_turn = i + 1 == turns as usize;
+    }
+    out.trajectories.push(TrajectoryOutcome {
+        trajectory_id: l.spec.trajectory_id,
+        group_id: l.spec.group_id,
+        task_id: l.spec.task_id.clone(),
+        turns,
+        success,
+        reward: l.reward,
+    });
+    out.rows.append(&mut l.rows);
+}
+
+/// A supervised example: prompt ids and the response ids to imitate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Demonstration {
+    pub prompt_ids: Vec<u32>,
+    pub response_ids: Vec<u32>,
+}
+
+/// Plays the environment's expert on `tasks` and returns one example per expert turn, framed
+/// exactly as the policy will see it. Episodes whose expert fails are skipped (counted in the
+/// second return value).
+pub fn demonstrations(
+    env: &dyn Environment,
+    builder: &dyn PromptBuilder,
+    tasks: &[(TaskRef, u64)],
+    max_turns: u32,
+) -> Result<(Vec<Demonstration>, usize)> {
+    let mut demos = Vec::new();
+    let mut failed = 0;
+    let plain = ContextVariant::default();
+    for &(task, seed) in tasks {
+        let mut episode = env.start(task, seed, &plain)?;
+        let mut episode_demos = Vec::new();
+        let mut solved = false;
+        for _ in 0..max_turns {
+            let observation = episode.observation();
+            let Some(action) = episode.expert_action() else {
+                break;
+            };
+            episode_demos.push(Demonstration {
+                prompt_ids: builder.prompt(&plain, &observation)?,
+                response_ids: builder.demonstration(&action)?,
+            });
+            let outcome = episode.step(&action)?;
+            if outcome.done {
+                solved = outcome.success;
+                break;
+            }
+        }
+        if solved {
+            demos.extend(episode_demos);
+        } else {
+            failed += 1;
+        }
+    }
+    Ok((demos, failed))
+}
+
+/// Text for training a tokenizer on an environment: goals, observations, admissible actions and
+/// expert actions of `episodes` expert episodes on training tasks (never held-out tasks).
+pub fn corpus(env: &dyn Environment, episodes: usize, max_turns: u32) -> Result<Vec<String>> {
+    let info = env.info();
+    let plain = ContextVariant::default();
+    let mut lines = Vec::new();
+    for i in 0..(episodes as u64).min(info.train_tasks) {
+        let task = TaskRef {
+            split: cairn_plugin_sdk::Split::Train,
+            index: i,
+        };
+        lines.push(env.task(task)?.goal);
+        let mut episode = env.start(task, i, &plain)?;
+        for _ in 0..max_turns {
+            let observation = episode.observation();
+            lines.push(observation.text);
+            lines.extend(observation.admissible_actions);
+            let Some(action) = episode.expert_action() else {
+                break;
+            };
+            let outcome = episode.step(&action)?;
+            lines.push(action);
+            if outcome.done {
+                lines.push(outcome.observation.text);
+                break;
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// SplitMix64 finaliser: derives independent seeds from (seed, index).
+pub fn mix(seed: u64, index: u64) -> u64 {
+    let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

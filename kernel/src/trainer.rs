@@ -1,0 +1,534 @@
+//! The training driver: runs the main job's phases over a started [`Pipeline`].
+//!
+//! 1. **Resume** from the run directory's last checkpoint, if any.
+//! 2. **Warm start** (optional): expert demonstrations on training tasks, supervised epochs,
+//!    then a held-out evaluation (`after_warm_start`).
+//! 3. **RL**: per step, rollout → reward → signals (with resampling when the algorithm drops
+//!    groups) → record → optimise → skills; metrics to `metrics.jsonl`; checkpoints.
+//! 4. A final held-out evaluation (`after_rl`).
+//!
+//! Held-out (test-split) tasks are only ever played by evaluations, never trained on. The host
+//! follows progress through [`Event`]s.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cairn_plugin_sdk::Algorithm;
+use parking_lot::Mutex;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::{json, Map, Value};
+
+use crate::actors::bank::RecordBatch;
+use crate::actors::optimizer::{micro_batches, Optimise, PrepareBatch};
+use crate::actors::policy::{
+    ConfigureOptimizer, LoadCheckpoint, SaveCheckpoint, SnapshotReference, TrainStep,
+};
+use crate::actors::reward::FinaliseRewards;
+use crate::actors::rollout::{CollectDemonstrations, CollectGroups, EvalReport, Evaluate};
+use crate::actors::skills::ProposeSkills;
+use crate::actors::Pipeline;
+use crate::backend::{OptimizerSettings, Sequence};
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::loss::SftLoss;
+use crate::rollout::mix;
+use crate::run::{Phase, RunDir, StepRecord, TrainerState};
+
+/// Progress reports for the host (progress bars, logs).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A phase with `total` units of work started.
+    PhaseStarted {
+        name: String,
+        total: u64,
+    },
+    /// `done` units of the current phase are finished.
+    Progress {
+        done: u64,
+        message: String,
+    },
+    PhaseFinished,
+    /// A training step finished (also written to `metrics.jsonl`).
+    Step(StepRecord),
+    /// A held-out evaluation finished (also written to `eval.jsonl`).
+    Eval {
+        label: String,
+        report: EvalReport,
+    },
+    /// Something worth a line in the log.
+    Note(String),
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Every evaluation of the run, in order (resumed runs include earlier ones).
+    pub evals: Vec<(String, EvalReport)>,
+    pub rl_steps: u64,
+    pub resumed_from: Option<std::path::PathBuf>,
+}
+
+/// The driver. Build it after [`crate::actors::start`].
+pub struct Trainer<'o> {
+    pub config: PipelineConfig,
+    pub pipeline: Pipeline,
+    pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
+    pub run: RunDir,
+    pub observer: &'o mut dyn FnMut(Event),
+}
+
+async fn ask<A, M>(addr: &actix::Addr<A>, msg: M) -> Result<M::Result>
+where
+    A: actix::Actor + actix::Handler<M>,
+    A::Context: actix::dev::ToEnvelope<A, M>,
+    M: actix::Message + Send + 'static,
+    M::Result: Send,
+{
+    addr.send(msg)
+        .await
+        .map_err(|e| Error::Mailbox(e.to_string()))
+}
+
+impl Trainer<'_> {
+    fn emit(&mut self, event: Event) {
+        (self.observer)(event)
+    }
+
+    /// Runs the whole job.
+    pub async fn run(&mut self) -> Result<Summary> {
+        let mut summary = Summary::default();
+        let mut state = TrainerState::default();
+        match (self.config.run.resume, self.run.latest_checkpoint()?) {
+            (true, Some(dir)) => {
+                state = RunDir::load_state(&dir)?;
+                let version = ask(
+                    &self.pipeline.policy,
+                    LoadCheckpoint {
+                        dir: dir.join("policy"),
+                    },
+                )
+                .await??;
+                let algo_state = dir.join("algorithm.state");
+                if algo_state.is_file() {
+                    let text = std::fs::read_to_string(&algo_state)
+                        .map_err(|e| Error::io(&algo_state, e))?;
+                    self.algorithm.lock().load_state(&text)?;
+                }
+                RunDir::truncate_jsonl(&self.run.metrics_path(), state.global_step)?;
+                RunDir::truncate_jsonl(&self.run.eval_path(), state.global_step)?;
+                summary.evals = read_evals(&self.run)?;
+                self.emit(Event::Note(format!(
+                    "resumed from {} (step {}, policy version {version})",
+                    dir.display(),
+                    state.global_step
+                )));
+                summary.resumed_from = Some(dir);
+            }
+            _ => {
+                for path in [
+                    self.run.metrics_path(),
+                    self.run.eval_path(),
+                    self.run.root.join("checkpoints/latest"),
+                ] {
+                    if path.exists() {
+                        std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    }
+                }
+                crate::run::write_atomic(
+                    &self.run.root.join("config.toml"),
+                    self.config.text.as_bytes(),
+                )?;
+            }
+        }
+
+        if state.phase == Phase::WarmStart {
+            self.warm_start(&mut state, &mut summary).await?;
+            ask(&self.pipeline.policy, SnapshotReference).await??;
+            ask(
+                &self.pipeline.policy,
+                ConfigureOptimizer(self.rl_optimizer()),
+            )
+            .await??;
+            state.phase = Phase::Rl;
+            self.checkpoint(&state).await?;
+        }
+        if state.phase == Phase::Rl {
+            self.reinforce(&mut state, &mut summary).await?;
+            let report = self.evaluate("after_rl", &state).await?;
+            summary.evals.push(("after_rl".into(), report));
+            state.phase = Phase::Done;
+            self.checkpoint(&state).await?;
+        }
+        summary.rl_steps = state.rl_steps;
+        Ok(summary)
+    }
+
+    fn rl_optimizer(&self) -> OptimizerSettings {
+        let o = &self.config.optimizer;
+        OptimizerSettings {
+            lr: o.lr,
+            betas: o.betas,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            max_grad_norm: o.max_grad_norm,
+        }
+    }
+
+    async fn warm_start(&mut self, state: &mut TrainerState, summary: &mut Summary) -> Result<()> {
+        let Some(ws) = self.config.warm_start.clone() else {
+            let report = self.evaluate("initial", state).await?;
+            summary.evals.push(("initial".into(), report));
+            return Ok(());
+        };
+        let seed = self.config.run.seed;
+        let (demos, failed) = ask(
+            &self.pipeline.rollout,
+            CollectDemonstrations {
+                episodes: ws.demonstrations,
+                seed: mix(seed, 0xD3),
+            },
+        )
+        .await??;
+        self.emit(Event::Note(format!(
+            "warm start: {} expert turns from {} demonstrations ({failed} unsolved by the expert, skipped)",
+            demos.len(),
+            ws.demonstrations
+        )));
+        if demos.is_empty() {
+            return Err(Error::Other(
+                "warm start: the expert produced no demonstration".into(),
+            ));
+        }
+        if state.warm_start_epochs == 0 {
+            let settings = OptimizerSettings {
+                lr: ws.lr,
+                ..self.rl_optimizer()
+            };
+            ask(&self.pipeline.policy, ConfigureOptimizer(settings)).await??;
+        }
+        let per_epoch = demos.len().div_ceil(ws.batch_rows) as u64;
+        self.emit(Event::PhaseStarted {
+            name: "warm start".into(),
+            total: per_epoch * ws.epochs as u64,
+        });
+        for epoch in state.warm_start_epochs..ws.epochs as u64 {
+            let mut order: Vec<usize> = (0..demos.len()).collect();
+            order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(mix(
+                seed,
+                0x5F7 + epoch,
+            )));
+            for (i, chunk) in order.chunks(ws.batch_rows).enumerate() {
+                let started = Instant::now();
+                let sequences: Vec<Sequence> = chunk
+                    .iter()
+                    .map(|&d| Sequence {
+                        prompt_ids: demos[d].prompt_ids.clone(),
+                        response_ids: demos[d].response_ids.clone(),
+                    })
+                    .collect();
+                let masks = sequences
+                    .iter()
+                    .map(|s| vec![1u8; s.response_ids.len()])
+                    .collect();
+                let micro = micro_batches(sequences.len(), self.config.optimizer.micro_batch_rows);
+                let (report, loss) = ask(
+                    &self.pipeline.policy,
+                    TrainStep {
+                        sequences,
+                        micro_batches: micro,
+                        temperature: 1.0,
+                        loss: SftLoss::new(masks),
+                    },
+                )
+                .await??;
+                state.global_step += 1;
+                let mut values = Map::new();
+                values.insert("epoch".into(), json!(epoch));
+                values.insert("sft_loss".into(), json!(loss.mean_nll()));
+                values.insert("grad_norm".into(), json!(report.grad_norm));
+                values.insert("train_tokens".into(), json!(report.tokens));
+                values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
+                let record = StepRecord {
+                    step: state.global_step,
+                    phase: "warm_start".into(),
+                    rl_step: None,
+                    policy_version: report.policy_version,
+                    values,
+                };
+                RunDir::append_jsonl(&self.run.metrics_path(), &record)?;
+                self.emit(Event::Step(record));
+                self.emit(Event::Progress {
+                    done: epoch * per_epoch + i as u64 + 1,
+                    message: format!("epoch {} sft loss {:.3}", epoch + 1, loss.mean_nll()),
+                });
+            }
+            state.warm_start_epochs = epoch + 1;
+            self.checkpoint(state).await?;
+        }
+        self.emit(Event::PhaseFinished);
+        let report = self.evaluate("after_warm_start", state).await?;
+        summary.evals.push(("after_warm_start".into(), report));
+        Ok(())
+    }
+
+    async fn reinforce(&mut self, state: &mut TrainerState, summary: &mut Summary) -> Result<()> {
+        let steps = self.config.run.steps;
+        let b = self.config.rollout.tasks_per_step;
+        let dynamic = self.algorithm.lock().requirements().dynamic_sampling;
+        self.emit(Event::PhaseStarted {
+            name: "rl".into(),
+            total: steps,
+        });
+        self.emit(Event::Progress {
+            done: state.rl_steps,
+            message: String::new(),
+        });
+        while state.rl_steps < steps {
+            let step = state.rl_steps;
+            let started = Instant::now();
+            let mut rows = Vec::new();
+            let mut aborted = 0usize;
+            let mut sampled_tokens = 0usize;
+            let mut rollout_secs = 0.0;
+            let mut round = 0u32;
+            let mut groups_wanted = b;
+            let prepared = loop {
+                let t = Instant::now();
+                let rollouts = ask(
+                    &self.pipeline.rollout,
+                    CollectGroups {
+                        step,
+                        round,
+                        groups: groups_wanted,
+                        first_group_id: state.next_group_id,
+                    },
+                )
+                .await??;
+                rollout_secs += t.elapsed().as_secs_f64();
+                state.next_group_id += groups_wanted as u64;
+                aborted += rollouts.aborted.len();
+                sampled_tokens += rollouts.sampled_tokens;
+                rows.extend(rollouts.rows);
+                let finalised = ask(
+                    &self.pipeline.reward,
+                    FinaliseRewards {
+                        step,
+                        rows: rows.clone(),
+                    },
+                )
+                .await?;
+                let prepared = ask(
+                    &self.pipeline.optimizer,
+                    PrepareBatch {
+                        batch: finalised.batch,
+                    },
+                )
+                .await??;
+                let groups: std::collections::HashSet<u64> =
+                    prepared.batch.rows.iter().map(|r| r.group_id).collect();
+                let kept = groups
+                    .len()
+                    .saturating_sub(prepared.signals.dropped_groups.len());
+                if !dynamic || kept >= b || round >= self.config.rollout.max_resample_rounds {
+                    break prepared;
+                }
+                round += 1;
+                groups_wanted = b - kept;
+            };
+            let mut values = Map::new();
+            for (k, v) in
+                crate::objective::metrics::batch_metrics(&prepared.batch, &prepared.signals)
+            {
+                values.insert(k, json!(v));
+            }
+            for (k, v) in &prepared.metrics {
+                values.insert(k.clone(), json!(v));
+            }
+            values.insert("episodes_aborted".into(), json!(aborted));
+            values.insert("resample_rounds".into(), json!(round));
+            values.insert(
+                "tokens_per_s".into(),
+                json!(sampled_tokens as f64 / rollout_secs.max(1e-9)),
+            );
+            values.insert("rollout_time_s".into(), json!(rollout_secs));
+            let record_batch = prepared.batch.clone();
+            let signals_for_skills =
+                self.config.skills.every > 0 && step.is_multiple_of(self.config.skills.every);
+            ask(
+                &self.pipeline.bank,
+                RecordBatch {
+                    batch: record_batch.clone(),
+                },
+            )
+            .await??;
+            let t = Instant::now();
+            let optimised = ask(&self.pipeline.optimizer, Optimise { prepared }).await??;
+            let train_secs = t.elapsed().as_secs_f64();
+            if signals_for_skills {
+                let added = ask(
+                    &self.pipeline.skills,
+                    ProposeSkills {
+                        batch: record_batch,
+                    },
+                )
+                .await?;
+                values.insert("skills_added".into(), json!(added));
+            }
+            if let Some(loss) = optimised.losses.last() {
+                if let Value::Object(m) = serde_json::to_value(loss).unwrap_or(Value::Null) {
+                    values.extend(m);
+                }
+            }
+            let trained: usize = optimised.steps.iter().map(|s| s.tokens).sum();
+            if let Some(s) = optimised.steps.last() {
+                values.insert("grad_norm".into(), json!(s.grad_norm));
+            }
+            values.insert(
+                "train_tokens_per_s".into(),
+                json!(trained as f64 / train_secs.max(1e-9)),
+            );
+            values.insert("train_time_s".into(), json!(train_secs));
+            values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
+            let version = optimised
+                .steps
+                .last()
+                .map(|s| s.policy_version)
+                .unwrap_or(0);
+            state.rl_steps += 1;
+            state.global_step += 1;
+            let record = StepRecord {
+                step: state.global_step,
+                phase: "rl".into(),
+                rl_step: Some(state.rl_steps),
+                policy_version: version,
+                values,
+            };
+            RunDir::append_jsonl(&self.run.metrics_path(), &record)?;
+            let message = format!(
+                "reward {:.3} success {:.2}",
+                record
+                    .values
+                    .get("reward/mean")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN),
+                record
+                    .values
+                    .get("success_rate")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(f64::NAN)
+            );
+            self.emit(Event::Step(record));
+            self.emit(Event::Progress {
+                done: state.rl_steps,
+                message,
+            });
+            let every = self.config.run.checkpoint_every;
+            if every > 0 && state.rl_steps.is_multiple_of(every) && state.rl_steps < steps {
+                self.checkpoint(state).await?;
+            }
+            let eval_every = self.config.eval.every;
+            if eval_every > 0 && state.rl_steps.is_multiple_of(eval_every) && state.rl_steps < steps
+            {
+                let label = format!("rl_step_{}", state.rl_steps);
+                let report = self.evaluate(&label, state).await?;
+                summary.evals.push((label, report));
+            }
+        }
+        self.emit(Event::PhaseFinished);
+        Ok(())
+    }
+
+    /// Plays the held-out tasks and records the result.
+    async fn evaluate(&mut self, label: &str, state: &TrainerState) -> Result<EvalReport> {
+        let e = self.config.eval.clone();
+        self.emit(Event::Note(format!(
+            "evaluating {} held-out tasks ({label})",
+            e.tasks
+        )));
+        let report = ask(
+            &self.pipeline.rollout,
+            Evaluate {
+                tasks: e.tasks,
+                temperature: e.temperature,
+                seed: mix(self.config.run.seed, 0xE7A1),
+            },
+        )
+        .await??;
+        let mut line = serde_json::to_value(&report).expect("eval report serialises");
+        if let Value::Object(m) = &mut line {
+            m.insert("step".into(), json!(state.global_step));
+            m.insert("label".into(), json!(label));
+        }
+        RunDir::append_jsonl(&self.run.eval_path(), &line)?;
+        self.emit(Event::Eval {
+            label: label.to_string(),
+            report: report.clone(),
+        });
+        Ok(report)
+    }
+
+    /// Writes a complete checkpoint and moves `checkpoints/latest` to it; keeps the last two.
+    async fn checkpoint(&mut self, state: &TrainerState) -> Result<()> {
+        let dir = self.run.checkpoint_dir(state.global_step);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        ask(
+            &self.pipeline.policy,
+            SaveCheckpoint {
+                dir: dir.join("policy"),
+            },
+        )
+        .await??;
+        let algo = self.algorithm.lock().save_state()?;
+        crate::run::write_atomic(&dir.join("algorithm.state"), algo.as_bytes())?;
+        self.run.save_state(&dir, state)?;
+        self.run.mark_latest(&dir)?;
+        prune_checkpoints(&self.run, &dir, 2)?;
+        Ok(())
+    }
+}
+
+fn read_evals(run: &RunDir) -> Result<Vec<(String, EvalReport)>> {
+    let path = run.eval_path();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+        let label = v
+            .get("label")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let report: EvalReport = serde_json::from_value(v)
+            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+        out.push((label, report));
+    }
+    Ok(out)
+}
+
+/// Deletes all but the newest `keep` checkpoints (never `current`).
+fn prune_checkpoints(run: &RunDir, current: &std::path::Path, keep: usize) -> Result<()> {
+    let root = run.root.join("checkpoints");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .map_err(|e| Error::io(&root, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+        })
+        .collect();
+    dirs.sort();
+    let n = dirs.len();
+    for d in dirs.into_iter().take(n.saturating_sub(keep)) {
+        if d != current {
+            std::fs::remove_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        }
+    }
+    Ok(())
+}

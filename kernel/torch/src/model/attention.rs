@@ -1,0 +1,115 @@
+//! Grouped-query self-attention (`self_attn.{q,k,v,o}_proj`, optional `q_norm`/`k_norm`).
+//!
+//! Op order follows transformers' `Qwen3Attention` / `LlamaAttention`: project, view as heads
+//! `[B, T, H, D]`, per-head RMSNorm (qwen3), transpose to `[B, H, T, D]`, RoPE, (cache), repeat
+//! key/value heads, scaled dot-product attention with scale `1/sqrt(D)`, merge heads, `o_proj`.
+
+use tch::{nn, Tensor};
+
+use super::config::ModelConfig;
+use super::kv_cache::KvCache;
+use super::linear::Linear;
+use super::rms_norm::RmsNorm;
+use super::rotary::apply_rotary;
+
+/// One layer's attention block.
+#[derive(Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    /// Per-head RMSNorm over `D` of the queries (qwen3 only).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head RMSNorm over `D` of the keys (qwen3 only).
+    pub k_norm: Option<RmsNorm>,
+    num_heads: i64,
+    num_kv_heads: i64,
+    head_dim: i64,
+    scale: f64,
+}
+
+impl Attention {
+    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> Attention {
+        let hidden = config.hidden_size as i64;
+        let (h, kv, d) = (
+            config.num_attention_heads as i64,
+            config.num_key_value_heads as i64,
+            config.head_dim as i64,
+        );
+        let qkv_bias = config.qkv_bias();
+        let qk_norm = config.qk_norm();
+        Attention {
+            q_proj: Linear::new(&vs / "q_proj", hidden, h * d, qkv_bias),
+            k_proj: Linear::new(&vs / "k_proj", hidden, kv * d, qkv_bias),
+            v_proj: Linear::new(&vs / "v_proj", hidden, kv * d, qkv_bias),
+            o_proj: Linear::new(&vs / "o_proj", h * d, hidden, config.o_bias()),
+            q_norm: qk_norm.then(|| RmsNorm::new(&vs / "q_norm", d, config.rms_norm_eps)),
+            k_norm: qk_norm.then(|| RmsNorm::new(&vs / "k_norm", d, config.rms_norm_eps)),
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+            scale: 1.0 / (d as f64).sqrt(),
+        }
+    }
+
+    /// `xs` `[B, T, hidden]`, `cos`/`sin` `[B, T, D]`, `mask` `[B, 1, T, S]` bool where
+    /// `S = cache.len() + T` (or `T` without a cache) → `[B, T, hidden]`. With a cache, this
+    /// layer's keys and values are written into it at `[cache.len(), cache.len() + T)`.
+    pub fn forward(
+        &self,
+        xs: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let (b, t) = (xs.size()[0], xs.size()[1]);
+        let heads = |proj: &Linear, n: i64, norm: Option<&RmsNorm>| {
+            let x = proj.forward(xs).view([b, t, n, self.head_dim]);
+            let x = match norm {
+                Some(norm) => norm.forward(&x),
+                None => x,
+            };
+            x.transpose(1, 2)
+        };
+        let q = heads(&self.q_proj, self.num_heads, self.q_norm.as_ref());
+        let k = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref());
+        let v = heads(&self.v_proj, self.num_kv_heads, None);
+        let q = apply_rotary(&q, cos, sin);
+        let k = apply_rotary(&k, cos, sin);
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, &k, &v),
+            None => (k, v),
+        };
+        let k = self.repeat_kv(k);
+        let v = self.repeat_kv(v);
+        let out = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            Some(mask),
+            0.0,
+            false,
+            self.scale,
+            false,
+        );
+        let out = out
+            .transpose(1, 2)
+            .reshape([b, t, self.num_heads * self.head_dim]);
+        self.o_proj.forward(&out)
+    }
+
+    /// `[B, H_kv, S, D]` → `[B, H, S, D]`, each key/value head repeated `H / H_kv` times
+    /// (transformers' `repeat_kv`).
+    fn repeat_kv(&self, xs: Tensor) -> Tensor {
+        let n_rep = self.num_heads / self.num_kv_heads;
+        if n_rep == 1 {
+            return xs;
+        }
+        let (b, s) = (xs.size()[0], xs.size()[2]);
+        xs.unsqueeze(2)
+            .expand([b, self.num_kv_heads, n_rep, s, self.head_dim], false)
+            .reshape([b, self.num_heads, s, self.head_dim])
+    }
+}

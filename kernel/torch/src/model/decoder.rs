@@ -1,0 +1,248 @@
+//! The decoder-only causal LM in the Qwen3 layout (also Qwen2/2.5 and Llama 3, by config).
+//!
+//! ```text
+//! model.embed_tokens → N × [ input_layernorm → self_attn → +residual
+//!                            → post_attention_layernorm → mlp → +residual ]
+//!                    → model.norm → lm_head (optionally tied to model.embed_tokens)
+//! ```
+//!
+//! [`CausalLm`] owns its `VarStore`; parameter names are the HF tensor names
+//! (`model.layers.0.self_attn.q_proj.weight`, `model.norm.weight`, `lm_head.weight`), so
+//! safetensors checkpoints load by name. The two constructors fill every parameter:
+//! [`CausalLm::random`] (seeded init, [`crate::model::init`]) and [`CausalLm::from_pretrained`]
+//! (strict loading, [`crate::weights`]).
+
+use std::path::Path;
+
+use tch::{nn, Device, Kind, Tensor};
+
+use super::attention::Attention;
+use super::config::{Dtype, ModelConfig};
+use super::init::init_weights;
+use super::kv_cache::KvCache;
+use super::linear::Linear;
+use super::mask::attention_mask;
+use super::mlp::Mlp;
+use super::rms_norm::RmsNorm;
+use super::rotary::RotaryEmbedding;
+use crate::error::{Error, Result};
+
+/// One transformer block, `model.layers.{i}`.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: Mlp,
+    index: usize,
+}
+
+impl DecoderLayer {
+    fn new(vs: nn::Path<'_>, config: &ModelConfig, index: usize) -> DecoderLayer {
+        let (h, eps) = (config.hidden_size as i64, config.rms_norm_eps);
+        DecoderLayer {
+            input_layernorm: RmsNorm::new(&vs / "input_layernorm", h, eps),
+            self_attn: Attention::new(&vs / "self_attn", config),
+            post_attention_layernorm: RmsNorm::new(&vs / "post_attention_layernorm", h, eps),
+            mlp: Mlp::new(&vs / "mlp", config),
+            index,
+        }
+    }
+
+    /// `[B, T, hidden]` → `[B, T, hidden]`; see [`Attention::forward`] for the other arguments.
+    fn forward(
+        &self,
+        xs: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let _span = tracing::trace_span!("decoder_layer", layer = self.index).entered();
+        let attn = self.self_attn.forward(
+            &self.input_layernorm.forward(xs),
+            cos,
+            sin,
+            mask,
+            cache.map(|c| (c, self.index)),
+        );
+        let xs = xs + attn;
+        let mlp = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&xs));
+        xs + mlp
+    }
+}
+
+/// A causal language model: token ids in, hidden states or logits out.
+#[derive(Debug)]
+pub struct CausalLm {
+    vs: nn::VarStore,
+    config: ModelConfig,
+    dtype: Dtype,
+    /// `[V, hidden]`, `model.embed_tokens.weight`.
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `lm_head.weight` `[V, hidden]`, or `embed_tokens` itself when tied.
+    lm_head: Linear,
+    rotary: RotaryEmbedding,
+}
+
+impl CausalLm {
+    /// Builds the module tree with placeholder values (zeros; norms at one). Crate-private so
+    /// that no caller can end up with a model whose parameters were never filled: the public
+    /// constructors are [`CausalLm::random`] and [`CausalLm::from_pretrained`].
+    pub(crate) fn uninitialized(config: &ModelConfig, device: Device, dtype: Dtype) -> CausalLm {
+        let mut vs = nn::VarStore::new(device);
+        // Sets the kind of the variables created below (the store is empty).
+        vs.set_kind(dtype.kind());
+        let root = vs.root();
+        let model = &root / "model";
+        let (v, h) = (config.vocab_size as i64, config.hidden_size as i64);
+        let embed_tokens = (&model / "embed_tokens").var("weight", &[v, h], nn::Init::Const(0.0));
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::new(&model / "layers" / i, config, i))
+            .collect();
+        let norm = RmsNorm::new(&model / "norm", h, config.rms_norm_eps);
+        let lm_head = if config.tie_word_embeddings {
+            Linear::from_weight(embed_tokens.shallow_clone())
+        } else {
+            Linear::new(&root / "lm_head", h, v, false)
+        };
+        let rotary = RotaryEmbedding::new(config, device);
+        CausalLm {
+            vs,
+            config: config.clone(),
+            dtype,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rotary,
+        }
+    }
+
+    /// A freshly initialised model, as transformers' `_init_weights` does it: linear and
+    /// embedding weights `N(0, initializer_range²)`, biases 0, norms 1. Deterministic in
+    /// `seed`, independent of libtorch's global RNG and of the device.
+    pub fn random(
+        config: &ModelConfig,
+        device: Device,
+        dtype: Dtype,
+        seed: u64,
+    ) -> Result<CausalLm> {
+        config.validate(&super::config::inline_path())?;
+        let model = CausalLm::uninitialized(config, device, dtype);
+        init_weights(&model.vs, config.initializer_range, seed)?;
+        Ok(model)
+    }
+
+    /// Loads `config.json` and the safetensors weights (single file or sharded) from `dir`.
+    /// Every parameter must be present with its exact shape; see [`crate::weights`].
+    pub fn from_pretrained(dir: &Path, device: Device, dtype: Dtype) -> Result<CausalLm> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let model = CausalLm::uninitialized(&config, device, dtype);
+        crate::weights::load_model_dir(&model, dir)?;
+        Ok(model)
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    pub(crate) fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+
+    /// Parameters by HF name, sorted by name (shallow clones sharing storage with the model).
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut params: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        params
+    }
+
+    /// Final hidden states `[B, T, hidden]` (after `model.norm`) for `input_ids` `[B, T]`.
+    ///
+    /// - `position_ids` `[B, T]` int64: RoPE positions (left padding: real tokens start at 0).
+    /// - `key_valid` `[B, S]` bool, `S = cache.len() + T`: which key positions hold real
+    ///   tokens (false at padding).
+    /// - `cache`: when given, keys and values are appended at `[cache.len(), cache.len() + T)`
+    ///   and the queries attend over the whole cache.
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_valid: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let t = input_ids.size()[1];
+        let offset = cache.as_ref().map_or(0, |c| c.len() as i64);
+        if key_valid.size()[1] != offset + t {
+            return Err(Error::input(
+                "forward",
+                format!(
+                    "key_valid covers {} positions, expected cache {offset} + input {t}",
+                    key_valid.size()[1]
+                ),
+            ));
+        }
+        if let Some(cache) = cache.as_ref() {
+            cache.check_room(t)?;
+        }
+        let kind = self.dtype.kind();
+        let mut xs = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let (cos, sin) = self.rotary.cos_sin(position_ids, kind);
+        let mask = attention_mask(key_valid, t, offset);
+        for layer in &self.layers {
+            xs = layer.forward(&xs, &cos, &sin, &mask, cache.as_deref_mut());
+        }
+        if let Some(cache) = cache {
+            cache.advance(t);
+        }
+        Ok(self.norm.forward(&xs))
+    }
+
+    /// Logits `[.., V]` in the model's dtype for hidden states `[.., hidden]`.
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        self.lm_head.forward(hidden)
+    }
+
+    /// Logits `[B, T, V]`, cast to f32, for every position; see [`CausalLm::hidden_states`].
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_valid: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let hidden = self.hidden_states(input_ids, position_ids, key_valid, cache)?;
+        Ok(self.logits(&hidden).to_kind(Kind::Float))
+    }
+
+    /// Logits `[1, T, V]` (f32) of one unpadded sequence of ids, positions `0..T`: the plain
+    /// full forward, for tests and reference computations.
+    pub fn forward_ids(&self, ids: &[u32]) -> Result<Tensor> {
+        crate::batch::check_ids(ids, self.config.vocab_size, "forward_ids")?;
+        let device = self.device();
+        let t = ids.len() as i64;
+        let input = Tensor::from_slice(&ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>())
+            .view([1, t])
+            .to_device(device);
+        let pos = Tensor::arange(t, (Kind::Int64, device)).unsqueeze(0);
+        let valid = Tensor::ones([1, t], (Kind::Bool, device));
+        self.forward(&input, &pos, &valid, None)
+    }
+}

@@ -1,0 +1,32 @@
+//! The SwiGLU feed-forward block (`mlp.gate_proj`, `mlp.up_proj`, `mlp.down_proj`).
+
+use tch::{nn, Tensor};
+
+use super::config::ModelConfig;
+use super::linear::Linear;
+
+/// `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> Mlp {
+        let (h, i) = (config.hidden_size as i64, config.intermediate_size as i64);
+        let bias = config.mlp_bias();
+        Mlp {
+            gate_proj: Linear::new(&vs / "gate_proj", h, i, bias),
+            up_proj: Linear::new(&vs / "up_proj", h, i, bias),
+            down_proj: Linear::new(&vs / "down_proj", i, h, bias),
+        }
+    }
+
+    /// `[B, T, hidden]` → `[B, T, hidden]`.
+    pub fn forward(&self, xs: &Tensor) -> Tensor {
+        let gate = self.gate_proj.forward(xs).silu();
+        self.down_proj.forward(&(gate * self.up_proj.forward(xs)))
+    }
+}

@@ -1,0 +1,23 @@
+//! The transformer: a config-driven decoder-only LM in the Qwen3 layout.
+//!
+//! One concept per file, after candle-nn: [`config`] (HF `config.json`), [`linear`],
+//! [`rms_norm`], [`rotary`] (RoPE), [`mask`] (padding-aware causal masks), [`attention`]
+//! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights) and [`decoder`]
+//! ([`CausalLm`], the model). Numerics follow transformers op for op, so log-probs match
+//! `AutoModelForCausalLM` to float tolerance. Callers: [`crate::backend::TorchBackend`], and
+//! tests that need a bare forward.
+
+pub mod attention;
+pub mod config;
+pub mod decoder;
+pub mod init;
+pub mod kv_cache;
+pub mod linear;
+pub mod mask;
+pub mod mlp;
+pub mod rms_norm;
+pub mod rotary;
+
+pub use config::{Dtype, ModelConfig, ModelType, RopeScaling};
+pub use decoder::CausalLm;
+pub use kv_cache::KvCache;

@@ -1,0 +1,52 @@
+//! RMSNorm as transformers computes it (`Qwen3RMSNorm`, `LlamaRMSNorm`).
+
+use tch::{nn, Kind, Tensor};
+
+/// Root-mean-square norm over the last dimension with a learned scale `weight` `[D]`.
+///
+/// Numerics match transformers exactly: the input is cast to f32, normalised there, cast back
+/// to the input dtype, and only then multiplied by `weight` (in the weight/input dtype).
+#[derive(Debug)]
+pub struct RmsNorm {
+    /// `[D]`, HF name `<prefix>.weight`, initialised to 1.
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Creates `<vs>.weight` of size `[dim]`.
+    pub fn new(vs: nn::Path<'_>, dim: i64, eps: f64) -> RmsNorm {
+        RmsNorm {
+            weight: vs.var("weight", &[dim], nn::Init::Const(1.0)),
+            eps,
+        }
+    }
+
+    /// `[.., D]` → `[.., D]`, same dtype as `xs`.
+    pub fn forward(&self, xs: &Tensor) -> Tensor {
+        let dtype = xs.kind();
+        let x = xs.to_kind(Kind::Float);
+        let variance = x.pow_tensor_scalar(2).mean_dim(-1, true, None);
+        let x = x * (variance + self.eps).rsqrt();
+        &self.weight * x.to_kind(dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn normalises_rows_to_unit_rms() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let norm = RmsNorm::new(vs.root(), 4, 1e-6);
+        let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0, -4.0, 0.5, 0.5, 0.5, 0.5]).view([2, 4]);
+        let y = norm.forward(&x);
+        let rms = y.pow_tensor_scalar(2).mean_dim(-1, false, Kind::Float);
+        let rms: Vec<f32> = Vec::try_from(rms).unwrap();
+        for r in rms {
+            assert!((r - 1.0).abs() < 1e-5, "{r}");
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The batched and cached forward paths reproduce a plain full forward.
+
+use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
+use cairn_torch::model::{ModelType, RopeScaling};
+use cairn_torch::{CausalLm, Dtype, KvCache, ModelConfig};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::common::{
+    backend, direct_logprobs, max_abs_diff, random_ids, sequences, tiny_config, to_vec,
+};
+
+/// Teacher-forced decoding with a KV cache over left-padded prompts: prefill, then one
+/// continuation token per step. Returns, per row, the next-token log-probs `[n + 1, V]`.
+fn cached_logprobs(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    continuations: &[Vec<u32>],
+) -> Vec<Tensor> {
+    let _guard = tch::no_grad_guard();
+    let b = prompts.len() as i64;
+    let n = continuations[0].len() as i64;
+    let width = prompts.iter().map(Vec::len).max().unwrap() as i64;
+    let mut ids = vec![0i64; (b * width) as usize];
+    let mut pos = vec![0i64; (b * width) as usize];
+    let mut valid = vec![false; (b * (width + n)) as usize];
+    for (r, p) in prompts.iter().enumerate() {
+        let pad = width as usize - p.len();
+        for (j, &id) in p.iter().enumerate() {
+            ids[r * width as usize + pad + j] = i64::from(id);
+            pos[r * width as usize + pad + j] = j as i64;
+            valid[r * (width + n) as usize + pad + j] = true;
+        }
+        for j in 0..n as usize {
+            valid[r * (width + n) as usize + width as usize + j] = true;
+        }
+    }
+    let valid = Tensor::from_slice(&valid).view([b, width + n]);
+    let mut cache = KvCache::new(
+        model.config(),
+        prompts.len(),
+        (width + n) as usize,
+        Kind::Float,
+        Device::Cpu,
+    );
+    let hidden = model
+        .hidden_states(
+            &Tensor::from_slice(&ids).view([b, width]),
+            &Tensor::from_slice(&pos).view([b, width]),
+            &valid.narrow(1, 0, width),
+            Some(&mut cache),
+        )
+        .unwrap();
+    let mut steps = vec![model
+        .logits(&hidden.narrow(1, width - 1, 1))
+        .log_softmax(-1, Kind::Float)];
+    for s in 0..n {
+        let input: Vec<i64> = continuations
+            .iter()
+            .map(|c| i64::from(c[s as usize]))
+            .collect();
+        let position: Vec<i64> = prompts.iter().map(|p| p.len() as i64 + s).collect();
+        let hidden = model
+            .hidden_states(
+                &Tensor::from_slice(&input).view([b, 1]),
+                &Tensor::from_slice(&position).view([b, 1]),
+                &valid.narrow(1, 0, width + s + 1),
+                Some(&mut cache),
+            )
+            .unwrap();
+        steps.push(model.logits(&hidden).log_softmax(-1, Kind::Float));
+    }
+    assert_eq!(cache.len(), (width + n) as usize);
+    let all = Tensor::cat(&steps, 1); // [B, n + 1, V]
+    (0..b).map(|r| all.get(r)).collect()
+}
+
+/// The tiny config in each supported layout: Qwen3 (q/k norm), Qwen2 (q/k/v biases), Llama 3
+/// (llama3 RoPE scaling, attention biases, tied embeddings).
+fn all_layouts() -> Vec<ModelConfig> {
+    let qwen3 = tiny_config();
+    let qwen2 = ModelConfig {
+        model_type: ModelType::Qwen2,
+        ..tiny_config()
+    };
+    let llama = ModelConfig {
+        model_type: ModelType::Llama,
+        attention_bias: true,
+        tie_word_embeddings: true,
+        rope_scaling: RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8.0,
+        },
+        ..tiny_config()
+    };
+    vec![qwen3, qwen2, llama]
+}
+
+#[test]
+fn kv_cache_decoding_matches_full_forward() {
+    for config in all_layouts() {
+        let model = CausalLm::random(&config, Device::Cpu, Dtype::F32, 1).unwrap();
+        check_kv_cache(&model);
+    }
+}
+
+fn check_kv_cache(model: &CausalLm) {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let prompts = vec![
+        random_ids(&mut rng, 7),
+        random_ids(&mut rng, 3),
+        random_ids(&mut rng, 5),
+    ];
+    let continuations: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 6)).collect();
+    // Batched with left padding, and each prompt alone (no padding).
+    let batched = cached_logprobs(model, &prompts, &continuations);
+    for (r, (p, c)) in prompts.iter().zip(&continuations).enumerate() {
+        let alone =
+            cached_logprobs(model, std::slice::from_ref(p), std::slice::from_ref(c)).remove(0);
+        let full = model
+            .forward_ids(&[p.as_slice(), c.as_slice()].concat())
+            .unwrap()
+            .squeeze_dim(0);
+        let full = full
+            .narrow(0, p.len() as i64 - 1, c.len() as i64 + 1)
+            .log_softmax(-1, Kind::Float);
+        let d_batched = max_abs_diff(&to_vec(&batched[r]), &to_vec(&full));
+        let d_alone = max_abs_diff(&to_vec(&alone), &to_vec(&full));
+        assert!(
+            d_batched <= 1e-5,
+            "row {r}: batched cached vs full forward: {d_batched}"
+        );
+        assert!(
+            d_alone <= 1e-5,
+            "row {r}: cached vs full forward: {d_alone}"
+        );
+    }
+}
+
+#[test]
+fn kv_cache_overflow_is_an_error() {
+    let backend = backend(1);
+    let model = backend.policy();
+    let mut cache = KvCache::new(model.config(), 1, 2, Kind::Float, Device::Cpu);
+    let ids = Tensor::from_slice(&[5i64, 6, 7]).view([1, 3]);
+    let pos = Tensor::arange(3, (Kind::Int64, Device::Cpu)).view([1, 3]);
+    let valid = Tensor::ones([1, 3], (Kind::Bool, Device::Cpu));
+    let err = model
+        .hidden_states(&ids, &pos, &valid, Some(&mut cache))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("capacity 2"), "{err}");
+}
+
+#[test]
+fn batched_scoring_with_left_padding_equals_unbatched() {
+    let mut backend = backend(3);
+    let seqs = sequences(4, &[(3, 5), (9, 2), (1, 7), (6, 0), (4, 4)]);
+    for temperature in [1.0f32, 0.6] {
+        let batched = backend.score(&seqs, temperature, Weights::Current).unwrap();
+        for (i, seq) in seqs.iter().enumerate() {
+            let alone = backend
+                .score(std::slice::from_ref(seq), temperature, Weights::Current)
+                .unwrap();
+            assert_eq!(batched[i].len(), seq.response_ids.len());
+            let d = max_abs_diff(&batched[i], &alone[0]);
+            assert!(d <= 1e-5, "T={temperature} seq {i}: batched vs alone {d}");
+            if !seq.response_ids.is_empty() {
+                let direct = to_vec(&direct_logprobs(
+                    backend.policy(),
+                    seq,
+                    f64::from(temperature),
+                ));
+                let d = max_abs_diff(&batched[i], &direct);
+                assert!(
+                    d <= 1e-5,
+                    "T={temperature} seq {i}: batched vs direct forward {d}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn score_rejects_bad_input_with_specific_errors() {
+    let mut backend = backend(3);
+    let empty = vec![Sequence {
+        prompt_ids: vec![],
+        response_ids: vec![5],
+    }];
+    let err = backend
+        .score(&empty, 1.0, Weights::Current)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("empty prompt"), "{err}");
+    let big = vec![Sequence {
+        prompt_ids: vec![5],
+        response_ids: vec![64],
+    }];
+    let err = backend
+        .score(&big, 1.0, Weights::Current)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token id 64"), "{err}");
+    let err = backend
+        .score(&sequences(1, &[(2, 2)]), -1.0, Weights::Current)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("temperature"), "{err}");
+}

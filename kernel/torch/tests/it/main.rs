@@ -1,0 +1,11 @@
+//! Integration tests of `cairn-torch` on tiny random models (CPU, f32, seconds each).
+
+// `&[0..n]` is a list of micro-batches holding one range, not a mistyped `Vec` of indices.
+#![allow(clippy::single_range_in_vec_init)]
+
+mod checkpoint;
+mod common;
+mod forward;
+mod generation;
+mod loading;
+mod training;
