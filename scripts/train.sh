@@ -6,5 +6,5 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$CAIRN_ROOT"
 bash scripts/setup.sh
-cargo build --release --workspace
+cargo build --release
 exec target/release/cairn train "$@"

@@ -29,6 +29,9 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub objective: ObjectiveConfig,
     pub optimizer: OptimizerConfig,
+    /// Reward shaping in the reward actor.
+    #[serde(default)]
+    pub reward: crate::actors::reward::RewardConfig,
     /// Supervised warm start on expert demonstrations before RL (optional).
     pub warm_start: Option<WarmStartConfig>,
     pub eval: EvalConfig,
@@ -474,13 +477,25 @@ impl PipelineConfig {
 
     /// Wraps a plugin's config error with the file and the line of the key it names.
     pub fn plugin_config_error(&self, section: &str, plugin: &str, message: &str) -> Error {
-        let key = message
-            .split('`')
-            .nth(1)
+        let message = message
+            .strip_prefix(&format!("plugin `{plugin}`: "))
+            .unwrap_or(message);
+        let table = match section {
+            "environment" => &self.environment.config,
+            _ => &self.algorithm.config,
+        };
+        // The key is the first backticked word the section's table has (a key the user set);
+        // failing that, the first backticked word (a key the plugin defaulted).
+        let named: Vec<&str> = message.split('`').skip(1).step_by(2).collect();
+        let key = named
+            .iter()
+            .find(|k| table.contains_key(**k))
+            .or(named.first())
             .map(|k| format!("{section}.config.{k}"))
             .unwrap_or_else(|| format!("{section}.config"));
         let line = self
             .line_of(&key)
+            .or_else(|| self.line_of(&format!("{section}.config")))
             .map(|l| format!(", line {l}"))
             .unwrap_or_default();
         Error::Config {
@@ -608,11 +623,23 @@ tasks = 4
         let e = c.plugin_config_error(
             "environment",
             "household",
-            "unknown field `max_turns`, expected ...",
+            "plugin `household`: unknown field `max_turns`, expected ...",
         );
         assert!(
             e.to_string()
                 .contains("environment.config.max_turns`, line 9"),
+            "{e}"
+        );
+        // The plugin's name in backticks is not taken for a key; a key the user did not set
+        // points at the section's config line.
+        let e = c.plugin_config_error(
+            "environment",
+            "household",
+            "plugin `household`: config key `max_expert_steps`: is 14, must be <= max_turns",
+        );
+        let e = e.to_string();
+        assert!(
+            e.contains("`environment.config.max_expert_steps`, line 9"),
             "{e}"
         );
     }

@@ -8,10 +8,12 @@ use cairn_plugin_sdk::PluginError;
 /// involved, so the message tells the user what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
+    // The I/O error is part of the message, not a `source` (callers print chains with `{:#}`
+    // and would show it twice).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// A pipeline config that does not parse or validate. `key` is the dotted key path.
@@ -42,10 +44,10 @@ pub enum Error {
     Tokenizer(String),
 
     /// A required file (a model directory's `tokenizer.json`, ...) that is absent or unreadable.
-    #[error("{path} not found: {source}")]
+    #[error("{path} not found: {error}")]
     FileNotFound {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// A file that exists but does not parse, or lacks or contradicts a required entry.
@@ -79,7 +81,7 @@ impl Error {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         Error::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
 }

@@ -102,6 +102,10 @@ impl Trainer<'_> {
         match (self.config.run.resume, self.run.latest_checkpoint()?) {
             (true, Some(dir)) => {
                 state = RunDir::load_state(&dir)?;
+                // A finished run asked for more steps goes back to RL.
+                if state.phase == Phase::Done && state.rl_steps < self.config.run.steps {
+                    state.phase = Phase::Rl;
+                }
                 let version = ask(
                     &self.pipeline.policy,
                     LoadCheckpoint {
@@ -452,6 +456,7 @@ impl Trainer<'_> {
                 tasks: e.tasks,
                 temperature: e.temperature,
                 seed: mix(self.config.run.seed, 0xE7A1),
+                record: false,
             },
         )
         .await??;

@@ -129,7 +129,13 @@ pub fn train(_: Option<&Path>, _: Option<PathBuf>, _: Option<u64>, _: bool) -> R
 }
 
 #[cfg(not(feature = "torch"))]
-pub fn eval(_: &Path, _: Option<&Path>, _: Option<usize>, _: Option<f32>) -> Result<()> {
+pub fn eval(
+    _: &Path,
+    _: Option<&Path>,
+    _: Option<usize>,
+    _: Option<f32>,
+    _: Option<&Path>,
+) -> Result<()> {
     bail!("this cairn was built without the `torch` feature; rebuild with `cargo build --release` (default features)")
 }
 
@@ -155,12 +161,24 @@ mod with_torch {
     use crate::setup;
     use crate::DEFAULT_CONFIG;
 
+    /// Where the tokenizer comes from.
+    enum TokenizerSource {
+        /// The model's, or trained for this run when missing.
+        Training,
+        /// The finished run's.
+        Run,
+    }
+
     fn parts(
         config: &PipelineConfig,
         run: &RunDir,
+        source: TokenizerSource,
     ) -> Result<(PipelineParts, Arc<Mutex<Box<dyn Algorithm>>>)> {
         let plugins = setup::plugins(config)?;
-        let tokenizer = setup::tokenizer(config, &run.root, plugins.env.as_ref())?;
+        let tokenizer = match source {
+            TokenizerSource::Training => setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
+            TokenizerSource::Run => setup::run_tokenizer(config, &run.root)?,
+        };
         let builder = setup::prompt_builder(config, &tokenizer)?;
         let backend = setup::backend(config, tokenizer.vocab_size())?;
         let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
@@ -182,7 +200,7 @@ mod with_torch {
                 max_new_tokens: r.max_new_tokens,
                 max_turns: r.max_turns,
             },
-            reward: Default::default(),
+            reward: config.reward.clone(),
             objective: config.objective.clone(),
             micro_batch_rows: config.optimizer.micro_batch_rows,
             updates_per_batch: config.optimizer.updates_per_batch,
@@ -225,7 +243,7 @@ mod with_torch {
         let started = std::time::Instant::now();
         let run = RunDir::create(&config.run.dir)?;
         eprintln!("run directory: {}", run.root.display());
-        let (parts, algorithm) = parts(&config, &run)?;
+        let (parts, algorithm) = parts(&config, &run, TokenizerSource::Training)?;
         let mut progress = Progress::default();
         let summary: Summary = actix::System::new().block_on(async {
             let pipeline = actors::start(parts);
@@ -279,25 +297,27 @@ mod with_torch {
         config_path: Option<&Path>,
         tasks: Option<usize>,
         temperature: Option<f32>,
+        record: Option<&Path>,
     ) -> Result<()> {
         let policy_dir = checkpoint.join("policy");
         if !policy_dir.is_dir() {
             bail!("{}: no `policy/` directory; give a checkpoint directory `<run>/checkpoints/step-NNNNNN`", checkpoint.display());
         }
-        let run_root = match config_path {
-            Some(_) => checkpoint
-                .parent()
-                .and_then(Path::parent)
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
-            None => run_of(checkpoint)?,
+        // The run directory holds the config and (scratch models) the tokenizer: the
+        // checkpoint's own run, or the one the given config names.
+        let (config, run_root) = match config_path {
+            Some(path) => {
+                let config = PipelineConfig::load(path)?;
+                let root = config.run.dir.clone();
+                (config, root)
+            }
+            None => {
+                let root = run_of(checkpoint)?;
+                (PipelineConfig::load(&root.join("config.toml"))?, root)
+            }
         };
-        let config_file = config_path
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| run_root.join("config.toml"));
-        let config = PipelineConfig::load(&config_file)?;
         let run = RunDir { root: run_root };
-        let (mut parts, _algorithm) = parts(&config, &run)?;
+        let (mut parts, _algorithm) = parts(&config, &run, TokenizerSource::Run)?;
         parts.backend.load(&policy_dir)?;
         let version = parts.backend.policy_version();
         let tasks = tasks.unwrap_or(config.eval.tasks);
@@ -311,12 +331,21 @@ mod with_torch {
                     tasks,
                     temperature,
                     seed,
+                    record: record.is_some(),
                 })
                 .await
                 .map_err(|e| anyhow::anyhow!("rollout actor: {e}"))?
                 .map_err(anyhow::Error::from)
         })?;
         println!("{}", serde_json::to_string_pretty(&report)?);
+        if let Some(path) = record {
+            let batch = cairn_plugin_sdk::Batch {
+                step: 0,
+                rows: report.rows.clone(),
+            };
+            std::fs::write(path, serde_json::to_string(&batch)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         eprintln!(
             "held-out success {}/{} = {:.1}% (policy version {version}, seed {seed}, temperature {temperature})",
             report.successes,

@@ -62,6 +62,9 @@ enum Command {
         /// Sampling temperature (default: `eval.temperature`; 0 is greedy).
         #[arg(long)]
         temperature: Option<f32>,
+        /// Write the played turns to this file, in the batch JSON form (docs/batch-json.md).
+        #[arg(long)]
+        record: Option<PathBuf>,
     },
     /// Inspect plugins.
     Plugins {
@@ -157,7 +160,14 @@ fn main() -> ExitCode {
             config,
             tasks,
             temperature,
-        } => commands::eval(&checkpoint, config.as_deref(), tasks, temperature),
+            record,
+        } => commands::eval(
+            &checkpoint,
+            config.as_deref(),
+            tasks,
+            temperature,
+            record.as_deref(),
+        ),
         Command::Plugins {
             command: PluginsCommand::List { dirs },
         } => commands::plugins_list(&dirs),

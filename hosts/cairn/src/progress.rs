@@ -12,8 +12,10 @@ pub struct Progress {
 
 impl Progress {
     fn println(&self, line: &str) {
+        // Printed above the bar when there is one; `ProgressBar::println` would drop the
+        // line when stderr is not a terminal (logs, CI).
         match &self.bar {
-            Some(bar) => bar.println(line),
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
             None => eprintln!("{line}"),
         }
     }

@@ -80,9 +80,9 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
 const IM_START: &str = "<|im_start|>";
 const IM_END: &str = "<|im_end|>";
 
-/// The policy's tokenizer: the model directory's, or (scratch models) one trained on the
-/// environment's training-task text and kept in `<run>/tokenizer/` so a resumed run or an
-/// evaluation reuses it.
+/// The policy's tokenizer for training: the model directory's, or (scratch models) one trained
+/// on the environment's training-task text and kept in `<run>/tokenizer/`, so a resumed run or
+/// an evaluation reuses it.
 pub fn tokenizer(
     config: &PipelineConfig,
     run_dir: &Path,
@@ -106,6 +106,21 @@ pub fn tokenizer(
     let tokenizer = train_word_level(corpus, &WordLevelConfig::default())?;
     tokenizer.save(&dir)?;
     Ok(Tokenizer::from_dir(&dir)?)
+}
+
+/// The tokenizer a finished run trained with (evaluation never trains one).
+pub fn run_tokenizer(config: &PipelineConfig, run_dir: &Path) -> Result<Tokenizer> {
+    if let Some(path) = &config.model.path {
+        return Ok(Tokenizer::from_dir(path)?);
+    }
+    let dir = run_dir.join("tokenizer");
+    Tokenizer::from_dir(&dir).with_context(|| {
+        format!(
+            "the run's tokenizer ({}) is missing: evaluate a checkpoint inside its run directory, \
+             or pass the run's config with --config",
+            dir.display()
+        )
+    })
 }
 
 /// The prompt format of the pipeline.

@@ -164,6 +164,8 @@ pub struct Evaluate {
     pub tasks: usize,
     pub temperature: f32,
     pub seed: u64,
+    /// Return the played rows in [`EvalReport::rows`].
+    pub record: bool,
 }
 
 /// Held-out success, overall and per task kind.
@@ -178,6 +180,9 @@ pub struct EvalReport {
     pub seed: u64,
     pub temperature: f32,
     pub policy_version: u64,
+    /// The played rows, when the request asked for them.
+    #[serde(skip)]
+    pub rows: Vec<cairn_plugin_sdk::TurnRow>,
 }
 
 impl Handler<Evaluate> for RolloutActor {
@@ -250,6 +255,11 @@ impl Handler<Evaluate> for RolloutActor {
             seed: msg.seed,
             temperature: msg.temperature,
             policy_version: version,
+            rows: if msg.record {
+                rollouts.rows
+            } else {
+                Vec::new()
+            },
         })
     }
 }

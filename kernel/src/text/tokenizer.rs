@@ -360,7 +360,7 @@ fn read_file(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => Error::FileNotFound {
             path: path.to_path_buf(),
-            source,
+            error: source,
         },
         _ => Error::io(path, source),
     })

@@ -145,7 +145,10 @@ impl Error {
 impl From<Error> for cairn_kernel::Error {
     fn from(e: Error) -> Self {
         match e {
-            Error::Io { path, source } => cairn_kernel::Error::Io { path, source },
+            Error::Io { path, source } => cairn_kernel::Error::Io {
+                path,
+                error: source,
+            },
             Error::Kernel(e) => e,
             Error::Checkpoint { path, reason } => cairn_kernel::Error::Checkpoint {
                 path,
