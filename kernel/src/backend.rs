@@ -141,6 +141,11 @@ pub trait PolicyBackend: Send {
 
     /// Restores what [`PolicyBackend::save`] wrote.
     fn load(&mut self, dir: &Path) -> Result<()>;
+
+    /// Writes the live weights as a Hugging Face model directory (`config.json`, safetensors,
+    /// the tokenizer files of `tokenizer_dir`, `generation_config.json`) that transformers
+    /// loads and vLLM/SGLang can serve. Returns the files written.
+    fn export(&self, tokenizer_dir: &Path, dir: &Path) -> Result<Vec<String>>;
 }
 
 /// A backend without a model, for kernel tests and the kernel-overhead benchmark: it "samples"
@@ -249,5 +254,12 @@ impl PolicyBackend for NullBackend {
             })?;
         self.version = v["version"].as_u64().unwrap_or(0);
         Ok(())
+    }
+
+    fn export(&self, _tokenizer_dir: &Path, dir: &Path) -> Result<Vec<String>> {
+        Err(crate::Error::Model(format!(
+            "the null backend has no weights to export to {}",
+            dir.display()
+        )))
     }
 }

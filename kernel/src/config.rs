@@ -22,7 +22,12 @@ pub struct PipelineConfig {
     pub run: RunConfig,
     #[serde(default)]
     pub plugins: PluginsConfig,
-    pub environment: PluginSection,
+    /// Where training episodes come from: the environment plugin (default) or the gateway.
+    #[serde(default, rename = "source")]
+    pub episode_source: SourceConfig,
+    /// The environment plugin; required with the default source, absent with the gateway
+    /// (the harness plays the episodes).
+    pub environment: Option<PluginSection>,
     pub algorithm: PluginSection,
     pub model: ModelConfig,
     pub rollout: RolloutConfig,
@@ -34,6 +39,8 @@ pub struct PipelineConfig {
     pub reward: crate::actors::reward::RewardConfig,
     /// Supervised warm start on expert demonstrations before RL (optional).
     pub warm_start: Option<WarmStartConfig>,
+    /// Held-out evaluation (optional with the gateway source, which has no held-out tasks).
+    #[serde(default)]
     pub eval: EvalConfig,
     #[serde(default)]
     pub bank: BankConfig,
@@ -85,6 +92,29 @@ pub struct PluginsConfig {
     /// `cargo build` puts the workspace's plugins) and `$CAIRN_PLUGIN_DIR` if set.
     #[serde(default)]
     pub dirs: Vec<PathBuf>,
+}
+
+/// `[source]`: where a training step's episodes come from.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SourceConfig {
+    /// The rollout actor plays the `[environment]` plugin.
+    #[default]
+    Environment,
+    /// `cairn train` serves the policy through the OpenAI-compatible gateway and trains on
+    /// the episodes an outside harness plays (`tasks_per_step` groups of `group_size`
+    /// episodes sharing a task id per step).
+    Gateway(crate::gateway::GatewayConfig),
+}
+
+impl SourceConfig {
+    /// The gateway settings, when the source is the gateway.
+    pub fn gateway(&self) -> Option<&crate::gateway::GatewayConfig> {
+        match self {
+            SourceConfig::Gateway(g) => Some(g),
+            SourceConfig::Environment => None,
+        }
+    }
 }
 
 /// A plugin by name, with its own config table.
@@ -144,6 +174,12 @@ pub struct ScratchModel {
     /// Episodes (expert and random-action) whose text trains the word-level tokenizer.
     #[serde(default = "default_tokenizer_episodes")]
     pub tokenizer_episodes: usize,
+    /// A Hugging Face tokenizer directory (`tokenizer.json`, `tokenizer_config.json` with a
+    /// chat template) to use as is instead of training one.
+    pub tokenizer: Option<PathBuf>,
+    /// A text file whose lines train the word-level tokenizer instead of the environment's
+    /// text (the gateway source has no environment).
+    pub tokenizer_corpus: Option<PathBuf>,
 }
 
 fn default_tokenizer_episodes() -> usize {
@@ -247,7 +283,7 @@ fn default_sft_batch() -> usize {
 }
 
 /// `[eval]`: held-out evaluation.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvalConfig {
     /// Held-out tasks evaluated (the first N of the test split).
@@ -386,7 +422,54 @@ impl PipelineConfig {
         self.objective
             .validate()
             .map_err(|e| self.error("objective", e))?;
+        self.validate_source()
+    }
+
+    /// The source's combinations: the environment source needs `[environment]`; the
+    /// gateway has no environment, no expert for a warm start, and a scratch model needs a
+    /// tokenizer from somewhere.
+    fn validate_source(&self) -> Result<()> {
+        let Some(gateway) = self.episode_source.gateway() else {
+            if self.environment.is_none() {
+                return Err(self.error(
+                    "environment",
+                    "missing table `[environment]` (the environment plugin to train on)",
+                ));
+            }
+            return Ok(());
+        };
+        if let Some((key, message)) = gateway.problem() {
+            return Err(self.error(key, message));
+        }
+        if self.environment.is_some() {
+            return Err(self.error(
+                "environment",
+                "the gateway source trains on the harness's episodes; remove `[environment]`",
+            ));
+        }
+        if self.warm_start.is_some() {
+            return Err(self.error(
+                "warm_start",
+                "a warm start needs an environment's expert; the gateway source has none",
+            ));
+        }
+        if let Some(s) = &self.model.scratch {
+            if s.tokenizer.is_none() && s.tokenizer_corpus.is_none() {
+                return Err(self.error(
+                    "model.scratch",
+                    "with the gateway source a scratch model needs `tokenizer` (a tokenizer \
+                     directory) or `tokenizer_corpus` (a text file to train one on)",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The environment plugin's name, or `gateway harness` for the gateway source.
+    pub fn environment_name(&self) -> &str {
+        self.environment
+            .as_ref()
+            .map_or("gateway harness", |e| e.plugin.as_str())
     }
 
     /// Best-effort line number (1-based) of a dotted key such as `algorithm.config.omega`:
@@ -442,7 +525,7 @@ impl PipelineConfig {
         requirements: &cairn_plugin_sdk::Requirements,
         environment: &cairn_plugin_sdk::EnvironmentInfo,
     ) -> Result<()> {
-        let (algo, env) = (&self.algorithm.plugin, &self.environment.plugin);
+        let (algo, env) = (&self.algorithm.plugin, self.environment_name());
         let unmet = |what: &str| {
             self.error(
                 "algorithm.plugin",
@@ -480,8 +563,10 @@ impl PipelineConfig {
         let message = message
             .strip_prefix(&format!("plugin `{plugin}`: "))
             .unwrap_or(message);
-        let table = match section {
-            "environment" => &self.environment.config,
+        let empty = toml::Table::new();
+        let table = match (section, &self.environment) {
+            ("environment", Some(env)) => &env.config,
+            ("environment", None) => &empty,
             _ => &self.algorithm.config,
         };
         // The key is the first backticked word the section's table has (a key the user set);
@@ -554,7 +639,46 @@ tasks = 4
     fn minimal_config_parses() {
         let c = PipelineConfig::parse(MINIMAL, "test.toml").unwrap();
         assert_eq!(c.rollout.group_size, 4);
-        assert_eq!(c.environment.config_json(), r#"{"max_turns":8}"#);
+        let env = c
+            .environment
+            .as_ref()
+            .expect("the environment source has one");
+        assert_eq!(env.config_json(), r#"{"max_turns":8}"#);
+        assert!(c.episode_source.gateway().is_none());
+    }
+
+    #[test]
+    fn gateway_source_parses_and_checks_its_combinations() {
+        let gateway = MINIMAL
+            .replace(
+                "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
+                "[source]\nkind = \"gateway\"\nbind = \"127.0.0.1:0\"\nmissing_reward = \"fill\"\n",
+            )
+            .replace(
+                "num_key_value_heads = 1\n",
+                "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
+            );
+        let c = PipelineConfig::parse(&gateway, "test.toml").unwrap();
+        let g = c.episode_source.gateway().expect("gateway source");
+        assert_eq!(
+            (g.bind.as_str(), g.model_name.as_str()),
+            ("127.0.0.1:0", "cairn")
+        );
+        assert_eq!(c.environment_name(), "gateway harness");
+        let e = err(&gateway.replace("bind = ", "bnd = "));
+        assert!(e.contains("unknown field `bnd`"), "{e}");
+        let e = err(&gateway.replace("tokenizer = \"tok\"\n", ""));
+        assert!(
+            e.contains("`model.scratch`") && e.contains("tokenizer_corpus"),
+            "{e}"
+        );
+        let e = err(&gateway.replace("missing_reward = \"fill\"", "episode_timeout_s = 0"));
+        assert!(e.contains("source.episode_timeout_s"), "{e}");
+        let e = err(&MINIMAL.replace(
+            "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
+            "",
+        ));
+        assert!(e.contains("missing table `[environment]`"), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod actors;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod gateway;
 pub mod loss;
 pub mod objective;
 pub mod plugins;

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use crate::actors::bank::RecordBatch;
 use crate::actors::optimizer::{micro_batches, Optimise, PrepareBatch};
 use crate::actors::policy::{
-    ConfigureOptimizer, LoadCheckpoint, SaveCheckpoint, SnapshotReference, TrainStep,
+    ConfigureOptimizer, ExportModel, LoadCheckpoint, SaveCheckpoint, SnapshotReference, TrainStep,
 };
 use crate::actors::reward::FinaliseRewards;
 use crate::actors::rollout::{CollectDemonstrations, CollectGroups, EvalReport, Evaluate};
@@ -76,6 +76,9 @@ pub struct Trainer<'o> {
     pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
     pub run: RunDir,
     pub observer: &'o mut dyn FnMut(Event),
+    /// The tokenizer files to ship with the final model: at the end of RL the policy is
+    /// exported to `<run>/model/` in Hugging Face format (`None`: no export).
+    pub export_tokenizer_dir: Option<std::path::PathBuf>,
 }
 
 async fn ask<A, M>(addr: &actix::Addr<A>, msg: M) -> Result<M::Result>
@@ -161,6 +164,21 @@ impl Trainer<'_> {
             self.reinforce(&mut state, &mut summary).await?;
             let report = self.evaluate("after_rl", &state).await?;
             summary.evals.push(("after_rl".into(), report));
+            if let Some(tokenizer_dir) = self.export_tokenizer_dir.clone() {
+                let dir = self.run.root.join("model");
+                ask(
+                    &self.pipeline.policy,
+                    ExportModel {
+                        tokenizer_dir,
+                        dir: dir.clone(),
+                    },
+                )
+                .await??;
+                self.emit(Event::Note(format!(
+                    "exported the policy in Hugging Face format to {}",
+                    dir.display()
+                )));
+            }
             state.phase = Phase::Done;
             self.checkpoint(&state).await?;
         }
@@ -299,16 +317,14 @@ impl Trainer<'_> {
             let mut groups_wanted = b;
             let prepared = loop {
                 let t = Instant::now();
-                let rollouts = ask(
-                    &self.pipeline.rollout,
-                    CollectGroups {
+                let rollouts = self
+                    .collect(CollectGroups {
                         step,
                         round,
                         groups: groups_wanted,
                         first_group_id: state.next_group_id,
-                    },
-                )
-                .await??;
+                    })
+                    .await?;
                 rollout_secs += t.elapsed().as_secs_f64();
                 state.next_group_id += groups_wanted as u64;
                 aborted += rollouts.aborted.len();
@@ -367,7 +383,7 @@ impl Trainer<'_> {
             )
             .await??;
             let t = Instant::now();
-            let optimised = ask(&self.pipeline.optimizer, Optimise { prepared }).await??;
+            let optimised = self.optimise(prepared).await?;
             let train_secs = t.elapsed().as_secs_f64();
             if signals_for_skills {
                 let added = ask(
@@ -443,8 +459,49 @@ impl Trainer<'_> {
         Ok(())
     }
 
+    /// A step's rollouts: from the rollout actor, or (gateway source) from the harness's
+    /// finished episodes.
+    async fn collect(&self, msg: CollectGroups) -> Result<crate::rollout::Rollouts> {
+        match &self.pipeline.gateway {
+            Some(gateway) => gateway
+                .collect
+                .send(msg)
+                .await
+                .map_err(|e| Error::Mailbox(e.to_string()))?,
+            None => ask(&self.pipeline.rollout, msg).await?,
+        }
+    }
+
+    /// The weight update. With the gateway, generation is paused around it (in-flight batches
+    /// drain first), so every response is sampled by one known policy version.
+    async fn optimise(
+        &self,
+        prepared: crate::actors::optimizer::Prepared,
+    ) -> Result<crate::actors::optimizer::Optimised> {
+        let Some(gateway) = &self.pipeline.gateway else {
+            return ask(&self.pipeline.optimizer, Optimise { prepared }).await?;
+        };
+        let mailbox = |e: actix::MailboxError| Error::Mailbox(e.to_string());
+        gateway
+            .pause
+            .send(crate::gateway::PauseSampling)
+            .await
+            .map_err(mailbox)?;
+        let optimised = ask(&self.pipeline.optimizer, Optimise { prepared }).await;
+        gateway
+            .resume
+            .send(crate::gateway::ResumeSampling)
+            .await
+            .map_err(mailbox)?;
+        optimised?
+    }
+
     /// Plays the held-out tasks and records the result.
     async fn evaluate(&mut self, label: &str, state: &TrainerState) -> Result<EvalReport> {
+        if self.pipeline.gateway.is_some() {
+            // The harness owns the tasks: held-out evaluation is its job (docs/gateway.md).
+            return Ok(EvalReport::default());
+        }
         let e = self.config.eval.clone();
         self.emit(Event::Note(format!(
             "evaluating {} held-out tasks ({label})",

@@ -20,6 +20,27 @@ fn dirs_or_default(dirs: &[PathBuf]) -> Vec<PathBuf> {
     }
 }
 
+/// `cairn compare LABEL=RUN_DIR ...`.
+pub fn compare(pairs: &[String], out: &Path) -> Result<()> {
+    let mut groups: Vec<crate::plot::RunGroup> = Vec::new();
+    for pair in pairs {
+        let Some((label, dir)) = pair.split_once('=') else {
+            bail!("`{pair}` is not LABEL=RUN_DIR");
+        };
+        match groups.iter_mut().find(|g| g.label == label) {
+            Some(g) => g.runs.push(PathBuf::from(dir)),
+            None => groups.push(crate::plot::RunGroup {
+                label: label.to_string(),
+                runs: vec![PathBuf::from(dir)],
+            }),
+        }
+    }
+    let table = crate::plot::compare_runs(&groups, out)?;
+    print!("{table}");
+    eprintln!("plot: {}", out.display());
+    Ok(())
+}
+
 /// `cairn plugins list`.
 pub fn plugins_list(dirs: &[PathBuf]) -> Result<()> {
     let dirs = dirs_or_default(dirs);
@@ -161,6 +182,9 @@ mod with_torch {
     use crate::setup;
     use crate::DEFAULT_CONFIG;
 
+    /// The algorithm plugin, shared by the rollout and optimizer actors.
+    type SharedAlgorithm = Arc<Mutex<Box<dyn Algorithm>>>;
+
     /// Where the tokenizer comes from.
     enum TokenizerSource {
         /// The model's, or trained for this run when missing.
@@ -173,7 +197,20 @@ mod with_torch {
         config: &PipelineConfig,
         run: &RunDir,
         source: TokenizerSource,
-    ) -> Result<(PipelineParts, Arc<Mutex<Box<dyn Algorithm>>>)> {
+    ) -> Result<(PipelineParts, SharedAlgorithm)> {
+        parts_and_tokenizer(config, run, source).map(|(parts, algorithm, _)| (parts, algorithm))
+    }
+
+    /// The pipeline's parts and its tokenizer (the gateway renders prompts with it).
+    fn parts_and_tokenizer(
+        config: &PipelineConfig,
+        run: &RunDir,
+        source: TokenizerSource,
+    ) -> Result<(
+        PipelineParts,
+        SharedAlgorithm,
+        cairn_kernel::text::Tokenizer,
+    )> {
         let plugins = setup::plugins(config)?;
         let tokenizer = match source {
             TokenizerSource::Training => setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
@@ -190,7 +227,7 @@ mod with_torch {
             env,
             algorithm: algorithm.clone(),
             builder,
-            codec: Arc::new(tokenizer),
+            codec: Arc::new(tokenizer.clone()),
             rollout: RolloutSettings {
                 seed: config.run.seed,
                 tasks_per_step: r.tasks_per_step,
@@ -210,7 +247,7 @@ mod with_torch {
                 .then(|| run.root.join("trajectories")),
             bank_capacity: config.bank.capacity,
         };
-        Ok((parts, algorithm))
+        Ok((parts, algorithm, tokenizer))
     }
 
     fn load_config(path: Option<&Path>) -> Result<PipelineConfig> {
@@ -243,10 +280,22 @@ mod with_torch {
         let started = std::time::Instant::now();
         let run = RunDir::create(&config.run.dir)?;
         eprintln!("run directory: {}", run.root.display());
-        let (parts, algorithm) = parts(&config, &run, TokenizerSource::Training)?;
+        let (parts, algorithm, tokenizer) =
+            parts_and_tokenizer(&config, &run, TokenizerSource::Training)?;
         let mut progress = Progress::default();
         let summary: Summary = actix::System::new().block_on(async {
-            let pipeline = actors::start(parts);
+            let mut pipeline = actors::start(parts);
+            // The gateway source: serve the policy and train on the harness's episodes.
+            let gateway = match config.episode_source.gateway() {
+                Some(g) => {
+                    let policy = pipeline.policy.clone().recipient();
+                    let started =
+                        crate::serve::start(&config, g, &tokenizer, policy, true, &g.bind)?;
+                    pipeline.gateway = Some(started.link.clone());
+                    Some(started)
+                }
+                None => None,
+            };
             let mut observer = |e| progress.on_event(e);
             let mut trainer = Trainer {
                 config: config.clone(),
@@ -254,15 +303,25 @@ mod with_torch {
                 algorithm,
                 run: run.clone(),
                 observer: &mut observer,
+                export_tokenizer_dir: Some(setup::tokenizer_dir(&config, &run.root)),
             };
-            trainer.run().await
+            let summary = trainer.run().await;
+            if let Some(started) = gateway {
+                started.server.stop(true).await;
+            }
+            Ok::<_, anyhow::Error>(summary?)
         })?;
         let plot = crate::plot::plot_run(&run.root)?;
         println!(
             "held-out success (seed {}, {} tasks, temperature {}):",
             config.run.seed, config.eval.tasks, config.eval.temperature
         );
-        for (label, r) in &summary.evals {
+        if config.episode_source.gateway().is_some() {
+            println!(
+                "  (gateway source: held-out evaluation is the harness's; see docs/gateway.md)"
+            );
+        }
+        for (label, r) in summary.evals.iter().filter(|(_, r)| r.tasks > 0) {
             println!(
                 "  {label:<18} {:>5.1}%  ({}/{}, policy version {})",
                 r.success_rate * 100.0,
@@ -369,7 +428,7 @@ mod with_torch {
                 input.display()
             )
         })?;
-        if !(temperature > 0.0) {
+        if temperature.is_nan() || temperature <= 0.0 {
             bail!("--temperature must be > 0");
         }
         let config = cairn_torch::BackendConfig {
@@ -394,7 +453,9 @@ mod with_torch {
                 response_ids: i.response_ids,
             })
             .collect();
-        let out = backend.score(&sequences, temperature, Weights::Current)?;
+        let out = backend
+            .score(&sequences, temperature, Weights::Current)
+            .with_context(|| input.display().to_string())?;
         println!("{}", serde_json::to_string(&out)?);
         Ok(())
     }

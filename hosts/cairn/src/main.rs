@@ -11,6 +11,8 @@ mod commands;
 mod plot;
 mod progress;
 #[cfg(feature = "torch")]
+mod serve;
+#[cfg(feature = "torch")]
 mod setup;
 
 use std::path::PathBuf;
@@ -110,6 +112,32 @@ enum Command {
     },
     /// Draw `curves.png` for a run directory.
     Plot { run_dir: PathBuf },
+    /// Compare algorithms run with several seeds: a Markdown table of held-out success
+    /// (mean ± std) on stdout and a PNG of the training curves.
+    Compare {
+        /// `LABEL=RUN_DIR` pairs; give one per seed, repeating the label.
+        #[arg(required = true, value_name = "LABEL=RUN_DIR")]
+        runs: Vec<String>,
+        /// Where to write the PNG.
+        #[arg(long, default_value = "comparison.png")]
+        out: PathBuf,
+    },
+    /// Serve a pipeline's model through the OpenAI-compatible gateway (docs/gateway.md).
+    #[cfg(feature = "torch")]
+    Serve {
+        /// Pipeline config: `[model]`, `[rollout]` (default max_tokens) and `[source]`
+        /// (gateway settings; defaults when the source is not the gateway).
+        config: PathBuf,
+        /// Override `source.bind` (`host:port`; port 0 picks a free port).
+        #[arg(long)]
+        bind: Option<String>,
+        /// Serve a checkpoint's weights (`<run>/checkpoints/step-NNNNNN`).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Append every finished episode (rows in the batch JSON form) to this JSONL file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
     /// Print the embedded default pipeline config.
     Config,
     /// Print the per-token log-probs of responses under a model, as JSON.
@@ -186,6 +214,14 @@ fn main() -> ExitCode {
             set,
         } => commands::loss(&batch, aggregation, micro_batches, kl, kl_coef, &set),
         Command::Plot { run_dir } => plot::plot_run(&run_dir).map(|p| println!("{}", p.display())),
+        Command::Compare { runs, out } => commands::compare(&runs, &out),
+        #[cfg(feature = "torch")]
+        Command::Serve {
+            config,
+            bind,
+            checkpoint,
+            record,
+        } => serve::serve(&config, bind, checkpoint.as_deref(), record),
         Command::Config => {
             print!("{DEFAULT_CONFIG}");
             Ok(())

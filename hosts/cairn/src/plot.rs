@@ -178,3 +178,135 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(run_dir.join("curves.png"))
 }
+
+/// One algorithm's runs (one per seed) for [`compare_runs`].
+pub struct RunGroup {
+    pub label: String,
+    pub runs: Vec<PathBuf>,
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    if xs.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = xs.iter().sum::<f64>() / n;
+    let s = if xs.len() > 1 {
+        (xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (m, s)
+}
+
+/// The held-out success of a run's evaluation with `label`.
+fn eval_rate(run: &Path, label: &str) -> Result<f64> {
+    read_jsonl(&run.join("eval.jsonl"))?
+        .iter()
+        .rev()
+        .find(|e| e.get("label").and_then(Value::as_str) == Some(label))
+        .and_then(|e| e.get("success_rate").and_then(Value::as_f64))
+        .with_context(|| format!("{}: no `{label}` evaluation in eval.jsonl", run.display()))
+}
+
+/// Compares algorithms run with several seeds: writes a PNG of the mean training success
+/// curve of each (band: ± one std across seeds) and returns a Markdown table of held-out
+/// success after the warm start and after RL (mean ± std across seeds, sample std).
+pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
+    let _ = register_font("sans-serif", FontStyle::Normal, FONT);
+    let mut table = String::from(
+        "| algorithm | seeds | held-out success after warm start | held-out success after RL |\n|---|---|---|---|\n",
+    );
+    let mut curves = Vec::new();
+    for g in groups {
+        let before: Vec<f64> = g
+            .runs
+            .iter()
+            .map(|r| eval_rate(r, "after_warm_start"))
+            .collect::<Result<_>>()?;
+        let after: Vec<f64> = g
+            .runs
+            .iter()
+            .map(|r| eval_rate(r, "after_rl"))
+            .collect::<Result<_>>()?;
+        let (bm, bs) = mean_std(&before);
+        let (am, as_) = mean_std(&after);
+        table.push_str(&format!(
+            "| {} | {} | {:.1}% ± {:.1} | {:.1}% ± {:.1} |\n",
+            g.label,
+            g.runs.len(),
+            bm * 100.0,
+            bs * 100.0,
+            am * 100.0,
+            as_ * 100.0
+        ));
+        // Mean training success per RL step across seeds.
+        let per_run: Vec<Vec<f64>> = g
+            .runs
+            .iter()
+            .map(|r| {
+                Ok(load(r)?
+                    .rl
+                    .iter()
+                    .filter_map(|(_, m)| m.get("success_rate").and_then(Value::as_f64))
+                    .collect())
+            })
+            .collect::<Result<_>>()?;
+        let steps = per_run.iter().map(Vec::len).min().unwrap_or(0);
+        let curve: Vec<(f64, f64, f64)> = (0..steps)
+            .map(|i| {
+                let xs: Vec<f64> = per_run.iter().map(|r| r[i]).collect();
+                let (m, s) = mean_std(&xs);
+                ((i + 1) as f64, m, s)
+            })
+            .collect();
+        curves.push((g.label.clone(), curve));
+    }
+    let root = BitMapBackend::new(out, (1100, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let x1 = curves.iter().map(|(_, c)| c.len()).max().unwrap_or(1) as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "training success rate per RL step (mean ± std over seeds)",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(1.0..x1.max(2.0), 0.0..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("RL step")
+        .y_desc("success rate")
+        .draw()?;
+    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    for (i, (label, curve)) in curves.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        let band: Vec<(f64, f64)> = curve
+            .iter()
+            .map(|&(x, m, s)| (x, (m + s).min(1.0)))
+            .chain(curve.iter().rev().map(|&(x, m, s)| (x, (m - s).max(0.0))))
+            .collect();
+        chart.draw_series(std::iter::once(Polygon::new(
+            band,
+            color.mix(0.12).filled(),
+        )))?;
+        chart
+            .draw_series(LineSeries::new(
+                curve.iter().map(|&(x, m, _)| (x, m)),
+                color.stroke_width(2),
+            ))?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
+    root.present()
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(table)
+}

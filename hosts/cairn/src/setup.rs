@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cairn_kernel::config::{PipelineConfig, PromptFormat};
+use cairn_kernel::gateway::HarnessEnvironment;
 use cairn_kernel::plugins::{default_dirs, PluginRegistry};
 use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
-use cairn_plugin_sdk::foreign::{ForeignAlgorithm, ForeignEnvironment};
+use cairn_plugin_sdk::foreign::ForeignAlgorithm;
 use cairn_plugin_sdk::{Environment, ErrorKind, PluginError};
 use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
 
@@ -44,8 +45,9 @@ fn plugin_error(
 }
 
 /// The environment and algorithm of a pipeline, created and checked against each other.
+/// With the gateway source the environment is the [`HarnessEnvironment`] stand-in.
 pub struct Plugins {
-    pub env: Arc<ForeignEnvironment>,
+    pub env: Arc<dyn Environment>,
     pub algorithm: ForeignAlgorithm,
 }
 
@@ -54,26 +56,29 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
     for failure in registry.failures() {
         tracing::warn!("{failure}");
     }
-    let (env_name, algo_name) = (&config.environment.plugin, &config.algorithm.plugin);
-    let env = registry
-        .environment(env_name)?
-        .create_environment(&config.environment.config_json())
-        .map_err(|e| plugin_error(config, "environment", env_name, e))?;
+    let (env_name, algo_name) = (config.environment_name(), &config.algorithm.plugin);
+    let (env, info): (Arc<dyn Environment>, _) = match &config.environment {
+        Some(section) => {
+            let env = registry
+                .environment(env_name)?
+                .create_environment(&section.config_json())
+                .map_err(|e| plugin_error(config, "environment", env_name, e))?;
+            let info = env
+                .try_info()
+                .with_context(|| format!("environment `{env_name}`"))?;
+            (Arc::new(env), info)
+        }
+        None => (Arc::new(HarnessEnvironment), HarnessEnvironment.info()),
+    };
     let algorithm = registry
         .algorithm(algo_name)?
         .create_algorithm(&config.algorithm.config_json())
         .map_err(|e| plugin_error(config, "algorithm", algo_name, e))?;
-    let info = env
-        .try_info()
-        .with_context(|| format!("environment `{env_name}`"))?;
     let requirements = algorithm
         .try_requirements()
         .with_context(|| format!("algorithm `{algo_name}`"))?;
     config.check_requirements(&requirements, &info)?;
-    Ok(Plugins {
-        env: Arc::new(env),
-        algorithm,
-    })
+    Ok(Plugins { env, algorithm })
 }
 
 /// Special tokens of the tokenizers Cairn trains for scratch models.
@@ -96,8 +101,19 @@ pub fn tokenizer(
         .scratch
         .as_ref()
         .expect("config validation: path or scratch");
+    if let Some(given) = &scratch.tokenizer {
+        return Ok(Tokenizer::from_dir(given)?);
+    }
     let dir = run_dir.join("tokenizer");
     if dir.join("tokenizer.json").is_file() {
+        return Ok(Tokenizer::from_dir(&dir)?);
+    }
+    if let Some(path) = &scratch.tokenizer_corpus {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("model.scratch.tokenizer_corpus: reading {}", path.display())
+        })?;
+        let tokenizer = train_word_level(text.lines(), &WordLevelConfig::default())?;
+        tokenizer.save(&dir)?;
         return Ok(Tokenizer::from_dir(&dir)?);
     }
     let max_turns = config.rollout.max_turns.max(env.info().max_turns);
@@ -108,12 +124,26 @@ pub fn tokenizer(
     Ok(Tokenizer::from_dir(&dir)?)
 }
 
+/// The directory of the policy's tokenizer files: the model directory, the configured
+/// tokenizer directory, or the run's trained tokenizer.
+pub fn tokenizer_dir(config: &PipelineConfig, run_dir: &Path) -> PathBuf {
+    match (
+        &config.model.path,
+        config
+            .model
+            .scratch
+            .as_ref()
+            .and_then(|s| s.tokenizer.clone()),
+    ) {
+        (Some(path), _) => path.clone(),
+        (None, Some(dir)) => dir,
+        (None, None) => run_dir.join("tokenizer"),
+    }
+}
+
 /// The tokenizer a finished run trained with (evaluation never trains one).
 pub fn run_tokenizer(config: &PipelineConfig, run_dir: &Path) -> Result<Tokenizer> {
-    if let Some(path) = &config.model.path {
-        return Ok(Tokenizer::from_dir(path)?);
-    }
-    let dir = run_dir.join("tokenizer");
+    let dir = tokenizer_dir(config, run_dir);
     Tokenizer::from_dir(&dir).with_context(|| {
         format!(
             "the run's tokenizer ({}) is missing: evaluate a checkpoint inside its run directory, \
@@ -160,7 +190,7 @@ pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<Back
                 s.num_key_value_heads,
             );
             mc.tie_word_embeddings = s.tie_word_embeddings;
-            mc.max_position_embeddings = 1024;
+            mc.max_position_embeddings = SCRATCH_CONTEXT;
             ModelSource::Random {
                 config: Box::new(mc),
             }
@@ -188,6 +218,26 @@ pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<Back
         warmup_steps: 0,
         score_batch_size: 64,
     })
+}
+
+/// Positions a scratch model takes (its context window).
+pub const SCRATCH_CONTEXT: usize = 1024;
+
+/// The context window of the pipeline's model: `max_position_embeddings` of the model
+/// directory's `config.json`, or [`SCRATCH_CONTEXT`].
+pub fn context_window(config: &PipelineConfig) -> Result<usize> {
+    let Some(dir) = &config.model.path else {
+        return Ok(SCRATCH_CONTEXT);
+    };
+    let path = dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok(json
+        .get("max_position_embeddings")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(4096) as usize)
 }
 
 /// Builds the backend.

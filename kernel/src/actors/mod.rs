@@ -39,6 +39,9 @@ pub struct Pipeline {
     pub bank: Addr<bank::ExperienceBankActor>,
     pub skills: Addr<skills::SkillCreatorActor>,
     pub optimizer: Addr<optimizer::OptimizerActor>,
+    /// With the gateway source: training episodes come from the gateway instead of the
+    /// rollout actor, and generation pauses around weight updates. `None` from [`start`].
+    pub gateway: Option<crate::gateway::GatewayLink>,
 }
 
 /// Everything [`start`] needs.
@@ -128,5 +131,6 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         .start(),
         skills: skills::SkillCreatorActor::default().start(),
         optimizer: optimizer_actor,
+        gateway: None,
     }
 }

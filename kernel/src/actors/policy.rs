@@ -197,3 +197,19 @@ impl Handler<ConfigureOptimizer> for PolicyActor {
         self.guarded("configure optimizer", |b| b.configure_optimizer(&msg.0))
     }
 }
+
+/// Export the live weights as a Hugging Face model directory.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<String>>")]
+pub struct ExportModel {
+    /// Directory holding the tokenizer files to ship with the weights.
+    pub tokenizer_dir: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Handler<ExportModel> for PolicyActor {
+    type Result = Result<Vec<String>>;
+    fn handle(&mut self, msg: ExportModel, _: &mut Self::Context) -> Self::Result {
+        self.guarded("export model", |b| b.export(&msg.tokenizer_dir, &msg.dir))
+    }
+}

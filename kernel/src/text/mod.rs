@@ -12,10 +12,13 @@
 //!   turns (loss mask 1) and template-inserted observation ids (mask 0), never re-tokenising
 //!   model output.
 //! - [`parse_tool_calls`] reads Qwen/Hermes `<tool_call>` blocks into OpenAI-style calls.
+//! - [`export_tokenizer`] writes the tokenizer files and `generation_config.json` of an
+//!   exported (servable) model directory.
 //!
 //! Callers: the rollout actor and the gateway (traces, stop ids, tool calls), the tch backend
 //! (tokenizer), and the host's set-up (tokenizer training and export).
 
+mod export;
 mod template;
 mod template_fns;
 mod tokenizer;
@@ -23,6 +26,7 @@ mod tool_calls;
 mod trace;
 mod train;
 
+pub use export::{export_tokenizer, GENERATION_CONFIG_FILE, TOKENIZER_FILES};
 pub use template::{ChatTemplate, RenderOptions};
 pub use template_fns::{py_float_repr, py_json_dumps, strftime, CivilTime, JsonDumps};
 pub use tokenizer::Tokenizer;

@@ -1,4 +1,5 @@
 //! Integration tests of `cairn-kernel`: one binary, one module per area (style.md).
 
+mod gateway;
 mod plugins;
 mod text;

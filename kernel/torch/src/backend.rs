@@ -184,9 +184,17 @@ impl TorchBackend {
         })
     }
 
-    /// Exports the live weights as a HF model directory (`model.safetensors`, `config.json`).
+    /// Writes the live weights as a HF model directory (`model.safetensors`, `config.json`),
+    /// without tokenizer files; [`TorchBackend::export`] writes a servable directory.
     pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
         crate::weights::save_model_dir(&self.policy, dir)
+    }
+
+    /// Exports the live weights with the tokenizer of `tokenizer_dir` as a HF model directory
+    /// that transformers loads and vLLM/SGLang serve; see [`crate::export`]. Returns the names
+    /// of the files written.
+    pub fn export(&self, tokenizer_dir: &Path, dir: &Path) -> Result<Vec<String>> {
+        crate::export::export_model_dir(&self.policy, tokenizer_dir, dir)
     }
 
     fn score_impl(
@@ -331,6 +339,10 @@ impl PolicyBackend for TorchBackend {
         self.policy_version =
             checkpoint::load(dir, &self.policy, &self.reference, &mut self.optimizer)?;
         Ok(())
+    }
+
+    fn export(&self, tokenizer_dir: &Path, dir: &Path) -> cairn_kernel::Result<Vec<String>> {
+        TorchBackend::export(self, tokenizer_dir, dir).map_err(Into::into)
     }
 }
 

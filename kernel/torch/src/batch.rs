@@ -77,14 +77,27 @@ pub(crate) struct ResponseBatch {
 
 impl ResponseBatch {
     /// Validates and pads `sequences`: prompts must be non-empty (the first response token
-    /// needs a context) and every id must be in the vocabulary.
+    /// needs a context) and every id must be in the vocabulary. Errors name the sequence's
+    /// index and field, so a user can find the entry in their input file.
     pub fn new(sequences: &[Sequence], vocab_size: usize, device: Device) -> Result<ResponseBatch> {
         for (i, s) in sequences.iter().enumerate() {
             if s.prompt_ids.is_empty() {
-                return Err(Error::input("sequence", format!("sequence {i} has an empty prompt; the first response token needs at least one context token")));
+                return Err(Error::input(
+                    "input",
+                    format!("sequence {i}: empty prompt_ids; the first response token needs at least one context token"),
+                ));
             }
-            check_ids(&s.prompt_ids, vocab_size, "sequence prompt")?;
-            check_ids(&s.response_ids, vocab_size, "sequence response")?;
+            for (field, ids) in [
+                ("prompt_ids", &s.prompt_ids),
+                ("response_ids", &s.response_ids),
+            ] {
+                if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+                    return Err(Error::input(
+                        "input",
+                        format!("sequence {i}: {field} holds token id {id}, outside the vocabulary (size {vocab_size})"),
+                    ));
+                }
+            }
         }
         let rows: Vec<Vec<u32>> = sequences
             .iter()

@@ -105,6 +105,14 @@ pub enum Error {
         dtype: String,
     },
 
+    /// A tokenizer that can produce ids the model has no embedding row for.
+    #[error("{dir}: the tokenizer has {tokenizer_vocab} ids but the model has {model_vocab} embedding rows; export the model with the tokenizer it was trained with")]
+    TokenizerMismatch {
+        dir: PathBuf,
+        tokenizer_vocab: usize,
+        model_vocab: usize,
+    },
+
     /// A checkpoint file that exists but does not hold what [`crate::checkpoint`] writes.
     #[error("checkpoint {path}: {reason}; {CHECKPOINT_HINT}")]
     Checkpoint { path: PathBuf, reason: String },

@@ -10,7 +10,9 @@
 //! Main pieces:
 //! - [`model`]: the decoder-only transformer ([`model::CausalLm`], Qwen3/Qwen2/Llama 3 by
 //!   `config.json`), its KV cache and seeded init.
-//! - [`weights`]: HF safetensors loading (single or sharded, strict) and export.
+//! - [`weights`]: HF safetensors loading (single or sharded, strict) and writing;
+//!   [`export`]: a servable HF model directory (weights, config, tokenizer files,
+//!   `generation_config.json`).
 //! - [`sampling`]: batched generation; [`logprobs`]: response log-probs for score and train.
 //! - [`optim`]: AdamW with clipping and warmup; [`checkpoint`]: full checkpoint directories.
 //!
@@ -23,6 +25,7 @@ mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod logprobs;
 pub mod model;
 pub mod optim;

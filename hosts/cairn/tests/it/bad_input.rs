@@ -127,7 +127,7 @@ fn edit_safetensors(
         serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

@@ -5,7 +5,10 @@
 //! puts them (scripts/test.sh builds before testing).
 
 mod bad_input;
+mod gateway;
+mod logprobs;
 mod smoke;
+mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

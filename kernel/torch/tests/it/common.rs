@@ -69,12 +69,19 @@ pub fn direct_logprobs(model: &CausalLm, seq: &Sequence, temperature: f64) -> Te
     logp.gather(1, &targets.unsqueeze(1), false).squeeze_dim(1)
 }
 
+/// Largest `|a − b|`; a NaN anywhere makes the result NaN, so `diff <= tol` fails.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+        .fold(0.0, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
 }
 
 pub fn to_vec(t: &Tensor) -> Vec<f32> {

@@ -12,8 +12,8 @@ use crate::common::{
 };
 
 /// Teacher-forced decoding with a KV cache over left-padded prompts: prefill, then one
-/// continuation token per step. Returns, per row, the next-token log-probs `[n + 1, V]`.
-fn cached_logprobs(
+/// continuation token per step. Returns, per row, the next-token log-probs `[n + 1, V]` (f32).
+pub fn cached_logprobs(
     model: &CausalLm,
     prompts: &[Vec<u32>],
     continuations: &[Vec<u32>],
@@ -36,18 +36,21 @@ fn cached_logprobs(
             valid[r * (width + n) as usize + width as usize + j] = true;
         }
     }
-    let valid = Tensor::from_slice(&valid).view([b, width + n]);
+    let device = model.device();
+    let valid = Tensor::from_slice(&valid)
+        .view([b, width + n])
+        .to_device(device);
     let mut cache = KvCache::new(
         model.config(),
         prompts.len(),
         (width + n) as usize,
-        Kind::Float,
-        Device::Cpu,
+        model.dtype().kind(),
+        device,
     );
     let hidden = model
         .hidden_states(
-            &Tensor::from_slice(&ids).view([b, width]),
-            &Tensor::from_slice(&pos).view([b, width]),
+            &Tensor::from_slice(&ids).view([b, width]).to_device(device),
+            &Tensor::from_slice(&pos).view([b, width]).to_device(device),
             &valid.narrow(1, 0, width),
             Some(&mut cache),
         )
@@ -63,8 +66,8 @@ fn cached_logprobs(
         let position: Vec<i64> = prompts.iter().map(|p| p.len() as i64 + s).collect();
         let hidden = model
             .hidden_states(
-                &Tensor::from_slice(&input).view([b, 1]),
-                &Tensor::from_slice(&position).view([b, 1]),
+                &Tensor::from_slice(&input).view([b, 1]).to_device(device),
+                &Tensor::from_slice(&position).view([b, 1]).to_device(device),
                 &valid.narrow(1, 0, width + s + 1),
                 Some(&mut cache),
             )

@@ -1,0 +1,374 @@
+//! The kernel-overhead benchmark: the main job's [`Trainer`] over the real actors and the
+//! plugins loaded from their `.so` files, with every backend and plugin call timed
+//! ([`crate::probes`]).
+//!
+//! The pipeline is built as `cairn train` builds it (plugins by name from the config, a
+//! word-level tokenizer trained on the environment's training text, the plain or chat prompt
+//! format, the scratch model of `[model.scratch]`), then run with a short RL phase: no
+//! checkpoints and no evaluation between RL steps, a small held-out evaluation at the ends.
+//!
+//! Two backends:
+//! - `torch`: the real [`TorchBackend`]. A step's kernel overhead is measured in place: its
+//!   wall time minus the time spent inside backend calls.
+//! - `null`: [`NullBackend`], which answers every prompt with the same action
+//!   (`--null-action`, tokenised, plus the stop id) without a model. Episodes then run to the
+//!   turn limit, so a step has more rows than the real one; the step's wall time is the
+//!   kernel's (and the plugins') cost alone, reported as turn rows per second.
+//!
+//! One JSON line: per RL step, wall seconds, backend/algorithm/environment seconds, rows and
+//! tokens, and the trainer's own `metrics.jsonl` timings.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use cairn_kernel::actors::{self, rollout::RolloutSettings, PipelineParts};
+use cairn_kernel::backend::{NullBackend, OptimizerSettings, PolicyBackend};
+use cairn_kernel::config::{PipelineConfig, PromptFormat};
+use cairn_kernel::plugins::{default_dirs, PluginRegistry};
+use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
+use cairn_kernel::run::RunDir;
+use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
+use cairn_kernel::trainer::{Event, Trainer};
+use cairn_plugin_sdk::{Algorithm, Environment};
+use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::measure::{median, rss_kb};
+use crate::probes::{Clock, TimedAlgorithm, TimedBackend, TimedEnvironment, Totals};
+
+/// Special tokens of the scratch tokenizer (as the `cairn` host names them).
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Null,
+    Torch,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PipelineArgs {
+    /// Pipeline config (the main job's by default).
+    #[arg(long, default_value = "examples/household-grpo.toml")]
+    config: PathBuf,
+    #[arg(long, value_enum)]
+    backend: BackendKind,
+    /// RL steps to run (all are reported; the suite takes medians).
+    #[arg(long, default_value_t = 3)]
+    steps: u64,
+    /// libtorch intra-op threads (`model.threads`).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Held-out tasks of the evaluations the trainer runs after the warm start and at the end.
+    #[arg(long, default_value_t = 4)]
+    eval_tasks: usize,
+    /// Run directory (created; its previous content is not resumed).
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// Overrides `model.device` (`cpu`, `cuda`, `auto`).
+    #[arg(long)]
+    device: Option<String>,
+    /// The action the null backend answers every turn with.
+    #[arg(long, default_value = "go to countertop 1")]
+    null_action: String,
+}
+
+/// One RL step as seen from outside the trainer.
+#[derive(Clone, Debug)]
+struct StepSample {
+    wall_s: f64,
+    totals: Totals,
+    /// The step's `metrics.jsonl` values.
+    values: serde_json::Map<String, Value>,
+}
+
+pub fn run(args: &PipelineArgs) -> Result<()> {
+    let mut config = PipelineConfig::load(&args.config)?;
+    config.run.dir = args.run_dir.clone();
+    config.run.steps = args.steps;
+    config.run.resume = false;
+    config.run.checkpoint_every = 0;
+    config.run.record_trajectories = false;
+    config.eval.tasks = args.eval_tasks;
+    config.eval.every = 0;
+    config.model.threads = args.threads;
+    if let Some(device) = &args.device {
+        config.model.device = device.clone();
+    }
+    if args.run_dir.exists() {
+        std::fs::remove_dir_all(&args.run_dir)
+            .with_context(|| format!("clearing {}", args.run_dir.display()))?;
+    }
+    let run = RunDir::create(&config.run.dir)?;
+
+    let dirs = if config.plugins.dirs.is_empty() {
+        let exe = std::env::current_exe().ok();
+        default_dirs(
+            exe.as_deref(),
+            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
+        )
+    } else {
+        config.plugins.dirs.clone()
+    };
+    let registry = PluginRegistry::scan(&dirs)?;
+    let environment = config
+        .environment
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("the kernel-overhead benchmark needs an [environment]"))?;
+    let env = registry
+        .environment(&environment.plugin)?
+        .create_environment(&environment.config_json())?;
+    let algorithm = registry
+        .algorithm(&config.algorithm.plugin)?
+        .create_algorithm(&config.algorithm.config_json())?;
+    config.check_requirements(&algorithm.try_requirements()?, &env.try_info()?)?;
+    let env: Arc<dyn Environment> = Arc::new(env);
+
+    let tokenizer = scratch_tokenizer(&config, &run, env.as_ref())?;
+    let builder = prompt_builder(&config, &tokenizer)?;
+    let clock = Clock::default();
+    let backend: Box<dyn PolicyBackend> = match args.backend {
+        BackendKind::Null => {
+            let mut response = tokenizer.encode(&args.null_action)?;
+            response.push(tokenizer.require_id(IM_END)?);
+            Box::new(TimedBackend {
+                inner: NullBackend {
+                    version: 0,
+                    response,
+                },
+                clock: clock.clone(),
+            })
+        }
+        BackendKind::Torch => Box::new(TimedBackend {
+            inner: TorchBackend::new(&backend_config(&config, tokenizer.vocab_size())?)?,
+            clock: clock.clone(),
+        }),
+    };
+    let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
+        Arc::new(Mutex::new(Box::new(TimedAlgorithm {
+            inner: Box::new(algorithm),
+            clock: clock.clone(),
+        })));
+    let env: Arc<dyn Environment> = Arc::new(TimedEnvironment {
+        inner: env,
+        clock: clock.clone(),
+    });
+    let r = &config.rollout;
+    let parts = PipelineParts {
+        backend,
+        env,
+        algorithm: algorithm.clone(),
+        builder,
+        codec: Arc::new(tokenizer),
+        rollout: RolloutSettings {
+            seed: config.run.seed,
+            tasks_per_step: r.tasks_per_step,
+            group_size: r.group_size,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            max_new_tokens: r.max_new_tokens,
+            max_turns: r.max_turns,
+        },
+        reward: config.reward.clone(),
+        objective: config.objective.clone(),
+        micro_batch_rows: config.optimizer.micro_batch_rows,
+        updates_per_batch: config.optimizer.updates_per_batch,
+        record_dir: None,
+        bank_capacity: config.bank.capacity,
+    };
+
+    let setup_rss = rss_kb().0;
+    let mut samples: Vec<StepSample> = Vec::new();
+    let mut mark: Option<(Instant, Totals)> = None;
+    let started = Instant::now();
+    {
+        let mut observer = |event: Event| match event {
+            Event::PhaseStarted { name, .. } if name == "rl" => {
+                mark = Some((Instant::now(), clock.totals()));
+            }
+            Event::Step(record) if record.phase == "rl" => {
+                let now = Instant::now();
+                let totals = clock.totals();
+                if let Some((then, before)) = mark.replace((now, totals.clone())) {
+                    samples.push(StepSample {
+                        wall_s: (now - then).as_secs_f64(),
+                        totals: difference(&totals, &before),
+                        values: record.values,
+                    });
+                }
+            }
+            _ => {}
+        };
+        actix::System::new().block_on(async {
+            let pipeline = actors::start(parts);
+            let mut trainer = Trainer {
+                config: config.clone(),
+                pipeline,
+                algorithm,
+                run: run.clone(),
+                observer: &mut observer,
+                export_tokenizer_dir: None,
+            };
+            trainer.run().await
+        })?;
+    }
+    if samples.is_empty() {
+        bail!("the trainer reported no RL step");
+    }
+    println!(
+        "{}",
+        report(args, &samples, started.elapsed().as_secs_f64(), setup_rss)
+    );
+    Ok(())
+}
+
+/// `after − before` for the accumulated fields; the `last_*` fields are `after`'s.
+fn difference(after: &Totals, before: &Totals) -> Totals {
+    Totals {
+        backend: after.backend.saturating_sub(before.backend),
+        generate_calls: after.generate_calls - before.generate_calls,
+        algorithm: after.algorithm.saturating_sub(before.algorithm),
+        algorithm_calls: after.algorithm_calls - before.algorithm_calls,
+        environment: after.environment.saturating_sub(before.environment),
+        environment_calls: after.environment_calls - before.environment_calls,
+        last_train_rows: after.last_train_rows,
+        last_train_tokens: after.last_train_tokens,
+    }
+}
+
+fn report(args: &PipelineArgs, samples: &[StepSample], total_s: f64, setup_rss: u64) -> Value {
+    let steps: Vec<Value> = samples
+        .iter()
+        .map(|s| {
+            let t = &s.totals;
+            let backend_s = t.backend.as_secs_f64();
+            let metric = |k: &str| s.values.get(k).cloned().unwrap_or(Value::Null);
+            json!({
+                "wall_s": s.wall_s,
+                "backend_s": backend_s,
+                "overhead_s": (s.wall_s - backend_s).max(0.0),
+                "algorithm_plugin_s": t.algorithm.as_secs_f64(),
+                "algorithm_calls": t.algorithm_calls,
+                "environment_plugin_s": t.environment.as_secs_f64(),
+                "environment_calls": t.environment_calls,
+                "generate_calls": t.generate_calls,
+                "rows": t.last_train_rows,
+                "response_tokens": t.last_train_tokens,
+                "trainer_step_time_s": metric("step_time_s"),
+                "trainer_rollout_time_s": metric("rollout_time_s"),
+                "trainer_train_time_s": metric("train_time_s"),
+            })
+        })
+        .collect();
+    let col = |f: &dyn Fn(&StepSample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
+    let (rss_end, hwm) = rss_kb();
+    json!({
+        "kind": "pipeline",
+        "impl": match args.backend { BackendKind::Null => "cairn-null", BackendKind::Torch => "cairn-torch" },
+        "threads": args.threads,
+        "median": {
+            "wall_s": col(&|s| s.wall_s),
+            "backend_s": col(&|s| s.totals.backend.as_secs_f64()),
+            "overhead_s": col(&|s| (s.wall_s - s.totals.backend.as_secs_f64()).max(0.0)),
+            "algorithm_plugin_s": col(&|s| s.totals.algorithm.as_secs_f64()),
+            "environment_plugin_s": col(&|s| s.totals.environment.as_secs_f64()),
+            "rows": col(&|s| s.totals.last_train_rows as f64),
+            "response_tokens": col(&|s| s.totals.last_train_tokens as f64),
+        },
+        "steps": steps,
+        "total_s": total_s,
+        "rss_setup_kb": setup_rss,
+        "rss_end_kb": rss_end,
+        "hwm_kb": hwm,
+    })
+}
+
+/// The scratch model's tokenizer, trained on the environment's training-task text as
+/// `cairn train` does (`hosts/cairn/src/setup.rs`), or the model directory's.
+fn scratch_tokenizer(
+    config: &PipelineConfig,
+    run: &RunDir,
+    env: &dyn Environment,
+) -> Result<Tokenizer> {
+    if let Some(path) = &config.model.path {
+        return Ok(Tokenizer::from_dir(path)?);
+    }
+    let scratch = config
+        .model
+        .scratch
+        .as_ref()
+        .context("config has neither model.path nor [model.scratch]")?;
+    let max_turns = config.rollout.max_turns.max(env.info().max_turns);
+    let corpus = cairn_kernel::rollout::corpus(env, scratch.tokenizer_episodes, max_turns)?;
+    let dir = run.root.join("tokenizer");
+    train_word_level(corpus, &WordLevelConfig::default())?.save(&dir)?;
+    Ok(Tokenizer::from_dir(&dir)?)
+}
+
+/// The prompt format of the pipeline, as the host builds it.
+fn prompt_builder(
+    config: &PipelineConfig,
+    tokenizer: &Tokenizer,
+) -> Result<Arc<dyn PromptBuilder>> {
+    Ok(match config.rollout.prompt {
+        PromptFormat::Plain => {
+            let end = tokenizer.require_id(IM_END)?;
+            let mut stop_ids = vec![end];
+            stop_ids.extend(tokenizer.eos_ids().iter().filter(|&&i| i != end));
+            Arc::new(PlainPrompt {
+                codec: tokenizer.clone(),
+                separator: vec![tokenizer.require_id(IM_START)?],
+                stop_ids,
+            })
+        }
+        PromptFormat::Chat => Arc::new(ChatPrompt {
+            format: ChatFormat::from_tokenizer(tokenizer.clone())?,
+            system: String::new(),
+        }),
+    })
+}
+
+/// The backend config of the pipeline's model, as the host builds it.
+fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<BackendConfig> {
+    let model = match (&config.model.path, &config.model.scratch) {
+        (Some(dir), _) => ModelSource::Pretrained { dir: dir.clone() },
+        (None, Some(s)) => {
+            let mut mc = ModelConfig::qwen3(
+                vocab_size,
+                s.hidden_size,
+                s.intermediate_size,
+                s.num_hidden_layers,
+                s.num_attention_heads,
+                s.num_key_value_heads,
+            );
+            mc.tie_word_embeddings = s.tie_word_embeddings;
+            mc.max_position_embeddings = 1024;
+            ModelSource::Random {
+                config: Box::new(mc),
+            }
+        }
+        (None, None) => bail!("config has neither model.path nor [model.scratch]"),
+    };
+    let device: DeviceOption = serde_json::from_value(json!(config.model.device))?;
+    let dtype = serde_json::from_value(json!(config.model.dtype))?;
+    let o = &config.optimizer;
+    Ok(BackendConfig {
+        model,
+        device,
+        dtype: Some(dtype),
+        seed: config.run.seed,
+        threads: (config.model.threads > 0).then_some(config.model.threads),
+        optimizer: OptimizerSettings {
+            lr: o.lr,
+            betas: o.betas,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            max_grad_norm: o.max_grad_norm,
+        },
+        warmup_steps: 0,
+        score_batch_size: 64,
+    })
+}

@@ -1,0 +1,175 @@
+//! The gateway's HTTP side: `cairn serve`, and the server `cairn train` starts when the
+//! pipeline's `[source]` is the gateway.
+//!
+//! [`start`] builds the kernel's gateway pieces around a running policy actor (the batching
+//! [`Sampler`], the [`EpisodeStore`], the [`EpisodeSource`] the trainer collects from) and
+//! serves [`routes`] with actix-web on the same actix system. It prints
+//! `gateway: listening on http://ADDR` on stderr once the socket is bound (harness scripts and
+//! tests read the port from it when `bind` asks for port 0).
+
+mod routes;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::{Context, Result};
+use cairn_kernel::actors::policy::{Generate, PolicyActor};
+use cairn_kernel::backend::PolicyBackend;
+use cairn_kernel::config::PipelineConfig;
+use cairn_kernel::gateway::{
+    EpisodeSource, EpisodeStore, Gateway, GatewayConfig, GatewayLink, RequestSettings, Sampler,
+};
+use cairn_kernel::text::{ChatFormat, Tokenizer};
+use parking_lot::Mutex;
+
+use crate::setup;
+
+/// A running gateway.
+pub struct Started {
+    pub gateway: Gateway,
+    /// What the trainer needs (collect episodes, pause around updates).
+    pub link: GatewayLink,
+    pub server: actix_web::dev::ServerHandle,
+}
+
+/// Starts the gateway on `bind`. `training`: episode calls are sampled at the rollout
+/// temperature and top-p, which the trainer scores at (trl #4159). Call inside an actix system.
+pub fn start(
+    config: &PipelineConfig,
+    gateway_config: &GatewayConfig,
+    tokenizer: &Tokenizer,
+    policy: Recipient<Generate>,
+    training: bool,
+    bind: &str,
+) -> Result<Started> {
+    let format = ChatFormat::from_tokenizer(tokenizer.clone())
+        .context("the gateway renders prompts with the model's chat template")?;
+    let r = &config.rollout;
+    let settings = RequestSettings {
+        model_name: gateway_config.model_name.clone(),
+        context_window: setup::context_window(config)?,
+        default_max_tokens: r.max_new_tokens,
+        max_n: gateway_config.max_n,
+        training_sampling: training.then_some((r.temperature, r.top_p)),
+    };
+    let store = Arc::new(Mutex::new(EpisodeStore::new(
+        gateway_config.episode_settings(),
+    )));
+    let sampler = Sampler::new(
+        policy,
+        Duration::from_millis(gateway_config.batch_window_ms),
+        gateway_config.max_batch_prompts,
+        cairn_kernel::rollout::mix(config.run.seed, 0x6A7E),
+    )
+    .start();
+    let source = EpisodeSource {
+        store: store.clone(),
+        group_size: r.group_size,
+        step_timeout: gateway_config.step_timeout(),
+    }
+    .start();
+    let gateway = Gateway::new(format, settings, store, sampler.clone().recipient());
+    let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
+    let addr = listener.local_addr()?;
+    let data = actix_web::web::Data::new(gateway.clone());
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(data.clone())
+            .configure(routes::configure)
+    })
+    .workers(2)
+    // Under load the two cores go to the model: give slow clients time to send a request.
+    .client_request_timeout(Duration::from_secs(60))
+    .disable_signals()
+    .shutdown_timeout(1)
+    .listen(listener)
+    .with_context(|| format!("gateway: serving on {addr}"))?
+    .run();
+    let handle = server.handle();
+    actix::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "gateway server stopped");
+        }
+    });
+    eprintln!("gateway: listening on http://{addr}");
+    Ok(Started {
+        gateway,
+        link: GatewayLink {
+            collect: source.recipient(),
+            pause: sampler.clone().recipient(),
+            resume: sampler.recipient(),
+        },
+        server: handle,
+    })
+}
+
+/// `cairn serve CONFIG`: the config's model (optionally a checkpoint's weights) behind the
+/// gateway, until interrupted. Finished episodes are appended to `record` as JSON lines.
+pub fn serve(
+    config_path: &Path,
+    bind: Option<String>,
+    checkpoint: Option<&Path>,
+    record: Option<PathBuf>,
+) -> Result<()> {
+    let config = PipelineConfig::load(config_path)?;
+    let gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
+    let tokenizer = match checkpoint {
+        Some(_) => setup::run_tokenizer(&config, &config.run.dir)?,
+        None => {
+            std::fs::create_dir_all(&config.run.dir)
+                .with_context(|| format!("creating {}", config.run.dir.display()))?;
+            let env = cairn_kernel::gateway::HarnessEnvironment;
+            setup::tokenizer(&config, &config.run.dir, &env)?
+        }
+    };
+    let mut backend = setup::backend(&config, tokenizer.vocab_size())?;
+    if let Some(dir) = checkpoint {
+        backend.load(&dir.join("policy"))?;
+    }
+    let bind = bind.unwrap_or_else(|| gateway_config.bind.clone());
+    actix::System::new().block_on(async move {
+        let backend = Mutex::new(Some(backend));
+        let policy = SyncArbiter::start(1, move || {
+            PolicyActor::new(Box::new(
+                backend
+                    .lock()
+                    .take()
+                    .expect("the policy actor is built once"),
+            ))
+        });
+        let started = start(
+            &config,
+            &gateway_config,
+            &tokenizer,
+            policy.recipient(),
+            false,
+            &bind,
+        )?;
+        let store = started.gateway.store().clone();
+        loop {
+            actix::clock::sleep(Duration::from_millis(200)).await;
+            let Some(path) = &record else { continue };
+            let finished = store.lock().drain_ready();
+            if finished.is_empty() {
+                continue;
+            }
+            let mut lines = String::new();
+            for e in finished {
+                let line = serde_json::json!({"episode_id": e.id, "task_id": e.group_key,
+                    "reward": e.reward, "success": e.success, "rows": e.rows});
+                lines.push_str(&line.to_string());
+                lines.push('\n');
+            }
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(lines.as_bytes()))
+                .with_context(|| format!("appending episodes to {}", path.display()))?;
+        }
+    })
+}

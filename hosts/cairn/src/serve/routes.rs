@@ -1,0 +1,198 @@
+//! The gateway's HTTP routes (actix-web), thin over [`cairn_kernel::gateway::Gateway`].
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/models` | the served model |
+//! | `POST /v1/chat/completions` | chat, non-streaming or SSE (`stream: true`) |
+//! | `POST /v1/completions` | text or token-id prompts, non-streaming or SSE |
+//! | `/episodes/{id}/v1/...` | the same three, recorded in episode `{id}` |
+//! | `POST /episodes` | open an episode: `{"task_id"?, "episode_id"?}` |
+//! | `POST /episodes/{id}/reward` | `{"reward", "success"?}`; closes the episode |
+//! | `POST /episodes/{id}/close` | close without a reward |
+//! | `GET /episodes/{id}` | calls, ids and segments of an episode |
+//! | `GET /health` | policy version and episode counters |
+//!
+//! A call on `/v1/...` with an `X-Cairn-Episode` header belongs to that episode too;
+//! `X-Cairn-Anchor` gives the GiGPO anchor key of the turn (or `cairn.anchor` in the body).
+//! Every failure is an OpenAI error body with its status; a stream whose client goes away is
+//! dropped, and its call is not recorded (the harness never saw it).
+
+use std::convert::Infallible;
+
+use actix_web::http::StatusCode;
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use cairn_kernel::gateway::{ApiError, ApiErrorKind, Gateway, Route};
+use futures::StreamExt;
+
+/// Largest request body, bytes.
+const BODY_LIMIT: usize = 32 << 20;
+
+/// Registers every route on an app holding a `web::Data<Gateway>`.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/models", web::get().to(models))
+        .route("/v1/chat/completions", web::post().to(chat))
+        .route("/v1/completions", web::post().to(completions))
+        .route("/episodes/{id}/v1/models", web::get().to(models))
+        .route("/episodes/{id}/v1/chat/completions", web::post().to(chat))
+        .route("/episodes/{id}/v1/completions", web::post().to(completions))
+        .route("/episodes", web::post().to(open_episode))
+        .route("/episodes/{id}", web::get().to(view_episode))
+        .route("/episodes/{id}/reward", web::post().to(reward))
+        .route("/episodes/{id}/close", web::post().to(close))
+        .route("/health", web::get().to(health))
+        .default_service(web::to(unknown_route));
+}
+
+fn error(e: &ApiError) -> HttpResponse {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status.is_server_error() {
+        tracing::warn!(status = status.as_u16(), error = %e.message, "request failed");
+    }
+    HttpResponse::build(status).json(e.to_json())
+}
+
+fn reply(result: Result<serde_json::Value, ApiError>) -> HttpResponse {
+    match result {
+        Ok(body) => HttpResponse::Ok().json(body),
+        Err(e) => error(&e),
+    }
+}
+
+async fn read_body(mut payload: web::Payload) -> Result<Vec<u8>, ApiError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::invalid("body", format!("could not read the request body: {e}"))
+        })?;
+        if body.len() + chunk.len() > BODY_LIMIT {
+            return Err(ApiError::new(
+                ApiErrorKind::TooLarge,
+                format!("the request body is larger than {BODY_LIMIT} bytes"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn header(req: &HttpRequest, name: &str) -> Option<String> {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The episode of a call: the `{id}` of the path, else the `X-Cairn-Episode` header.
+fn episode_of(req: &HttpRequest) -> Option<String> {
+    req.match_info()
+        .get("id")
+        .map(str::to_owned)
+        .or_else(|| header(req, "x-cairn-episode"))
+}
+
+async fn models(gw: web::Data<Gateway>) -> HttpResponse {
+    HttpResponse::Ok().json(gw.models())
+}
+
+async fn chat(req: HttpRequest, payload: web::Payload, gw: web::Data<Gateway>) -> HttpResponse {
+    complete(Route::Chat, req, payload, gw).await
+}
+
+async fn completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    gw: web::Data<Gateway>,
+) -> HttpResponse {
+    complete(Route::Completions, req, payload, gw).await
+}
+
+async fn complete(
+    route: Route,
+    req: HttpRequest,
+    payload: web::Payload,
+    gw: web::Data<Gateway>,
+) -> HttpResponse {
+    let body = match read_body(payload).await {
+        Ok(body) => body,
+        Err(e) => return error(&e),
+    };
+    let episode = episode_of(&req);
+    let anchor = header(&req, "x-cairn-anchor");
+    let done = match gw.complete(route, &body, episode.as_deref(), anchor).await {
+        Ok(done) => done,
+        Err(e) => return error(&e),
+    };
+    if !done.job.stream {
+        let mut body = gw.body(&done);
+        if let Some(id) = &episode {
+            match gw.record(&done, id) {
+                Ok(receipt) => body["cairn"] = receipt,
+                Err(e) => return error(&e),
+            }
+        }
+        return HttpResponse::Ok().json(body);
+    }
+    let chunks = match gw.chunks(&done) {
+        Ok(chunks) => chunks,
+        Err(e) => return error(&e),
+    };
+    let gw = gw.into_inner();
+    let events = chunks
+        .into_iter()
+        .map(|c| Ok::<_, Infallible>(Bytes::from(format!("data: {c}\n\n"))));
+    // Polled only after every chunk was taken by the connection: the client got the
+    // response, so the call is recorded. A client that went away drops the stream first.
+    let tail = futures::stream::once(async move {
+        let mut tail = String::new();
+        if let Some(id) = &episode {
+            if let Err(e) = gw.record(&done, id) {
+                tail.push_str(&format!("data: {}\n\n", e.to_json()));
+            }
+        }
+        tail.push_str("data: [DONE]\n\n");
+        Ok::<_, Infallible>(Bytes::from(tail))
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(futures::stream::iter(events).chain(tail))
+}
+
+async fn open_episode(payload: web::Payload, gw: web::Data<Gateway>) -> HttpResponse {
+    match read_body(payload).await {
+        Ok(body) => reply(gw.open_episode(&body)),
+        Err(e) => error(&e),
+    }
+}
+
+async fn reward(
+    id: web::Path<String>,
+    payload: web::Payload,
+    gw: web::Data<Gateway>,
+) -> HttpResponse {
+    match read_body(payload).await {
+        Ok(body) => reply(gw.reward(&id, &body)),
+        Err(e) => error(&e),
+    }
+}
+
+async fn close(id: web::Path<String>, gw: web::Data<Gateway>) -> HttpResponse {
+    reply(gw.close(&id))
+}
+
+async fn view_episode(id: web::Path<String>, gw: web::Data<Gateway>) -> HttpResponse {
+    reply(gw.view(&id))
+}
+
+async fn health(gw: web::Data<Gateway>) -> HttpResponse {
+    HttpResponse::Ok().json(gw.health())
+}
+
+async fn unknown_route(req: HttpRequest) -> HttpResponse {
+    error(&ApiError::not_found(format!(
+        "no route {} {}",
+        req.method(),
+        req.path()
+    )))
+}

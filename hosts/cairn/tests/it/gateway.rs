@@ -1,0 +1,358 @@
+//! The gateway end to end: the Python `openai` client plays episodes against `cairn train`
+//! with a gateway source on loopback, and the one training step consumes exactly the ids the
+//! API returned; bad input against `cairn serve` gets OpenAI errors and disturbs nothing.
+//!
+//! The model is a 1-layer random Qwen3-layout model with the committed Qwen3 tokenizer
+//! fixture (its chat template renders tools). Python comes from the project's `.venv`
+//! (scripts/setup.sh installs `openai` there); a missing venv fails with that instruction.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{jsonl, write_config};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The venv's python, with `openai` importable.
+fn python() -> PathBuf {
+    let python = repo().join(".venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/setup.sh (it creates .venv and installs scripts/requirements.txt)",
+        python.display()
+    );
+    let ok = Command::new(&python)
+        .args(["-c", "import openai"])
+        .status()
+        .expect("run the venv python");
+    assert!(
+        ok.success(),
+        "the venv has no `openai` package: run scripts/setup.sh (scripts/requirements.txt lists it)"
+    );
+    python
+}
+
+fn gateway_config(run: &Path, steps: u64, extra_source: &str) -> String {
+    let tokenizer = repo().join("kernel/fixtures/text/qwen3");
+    format!(
+        r#"[run]
+dir = "{run}"
+seed = 5
+steps = {steps}
+record_trajectories = true
+
+[source]
+kind = "gateway"
+bind = "127.0.0.1:0"
+{extra_source}
+
+[algorithm]
+plugin = "grpo"
+
+[model]
+device = "cpu"
+threads = 1
+
+[model.scratch]
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 1
+num_attention_heads = 2
+num_key_value_heads = 1
+tokenizer = "{tokenizer}"
+
+[rollout]
+tasks_per_step = 3
+group_size = 2
+temperature = 0.7
+max_new_tokens = 8
+max_turns = 4
+
+[optimizer]
+lr = 1e-3
+"#,
+        run = run.display(),
+        tokenizer = tokenizer.display()
+    )
+}
+
+/// A `cairn` child whose gateway address was read from its stderr.
+struct Gateway {
+    child: Child,
+    url: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Gateway {
+    fn start(args: &[&str]) -> Gateway {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(args)
+            .env("CAIRN_LOG", "warn")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start cairn");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    if let Some(addr) = line.strip_prefix("gateway: listening on ") {
+                        return Gateway {
+                            child,
+                            url: addr.trim().to_string(),
+                            stderr: rx,
+                        };
+                    }
+                    seen.push(line);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "cairn did not start its gateway; stderr:\n{}",
+            seen.join("\n")
+        );
+    }
+
+    /// Waits for the process to exit by itself; its stderr on failure.
+    fn wait(mut self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                let log: Vec<String> = self.stderr.try_iter().collect();
+                assert!(status.success(), "cairn failed:\n{}", log.join("\n"));
+                return log.join("\n");
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let log: Vec<String> = self.stderr.try_iter().collect();
+                panic!("cairn did not finish in {limit:?}:\n{}", log.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_python(args: &[&str]) -> String {
+    let out = Command::new(python())
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "python {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|x| x.as_u64().expect("an id"))
+        .collect()
+}
+
+/// The e2e check: every trained row is built from the calls' returned ids (prompt of the
+/// first call, sampled ids with mask 1, the next prompt's extra ids with mask 0), the sampled
+/// log-probs are those the API reported, and every returned id is trained on exactly once.
+#[test]
+fn gateway_episodes_train_on_exactly_the_returned_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "gateway.toml", &gateway_config(&run, 1, ""));
+    let gateway = Gateway::start(&["train", cfg.to_str().unwrap()]);
+    let log = tmp.path().join("calls.json");
+    let script = repo().join("examples/gateway/minimal_agent.py");
+    run_python(&[
+        script.to_str().unwrap(),
+        "--base-url",
+        &gateway.url,
+        "--tasks",
+        "2",
+        "--group-size",
+        "2",
+        "--token-episodes",
+        "2",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    gateway.wait(Duration::from_secs(180));
+
+    let episodes: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
+    assert_eq!(episodes.len(), 6);
+    let batch_files: Vec<PathBuf> = std::fs::read_dir(run.join("trajectories"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(batch_files.len(), 1, "{batch_files:?}");
+    let batch: Value = serde_json::from_str(&std::fs::read_to_string(&batch_files[0]).unwrap())
+        .expect("a batch JSON");
+    let rows = batch["rows"].as_array().unwrap();
+
+    let mut returned_tokens = 0;
+    let mut trained_tokens = 0;
+    let mut merged_rows = 0;
+    for episode in &episodes {
+        let id = episode["episode_id"].as_str().unwrap();
+        let calls = episode["calls"].as_array().unwrap();
+        returned_tokens += calls
+            .iter()
+            .map(|c| ids(&c["token_ids"]).len())
+            .sum::<usize>();
+        let mine: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["info"]["episode_id"] == id)
+            .collect();
+        assert!(!mine.is_empty(), "episode {id} was not trained on");
+        for row in mine {
+            let members: Vec<usize> = row["info"]["calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c[0].as_u64().unwrap() as usize)
+                .collect();
+            merged_rows += usize::from(members.len() > 1);
+            let first = &calls[members[0]];
+            assert_eq!(
+                ids(&row["prompt_ids"]),
+                ids(&first["prompt_token_ids"]),
+                "{id}"
+            );
+            // Rebuild the row from the calls: sampled ids (mask 1), then the next prompt's
+            // ids past them (mask 0).
+            let (mut expect_ids, mut expect_mask, mut expect_lp) = (vec![], vec![], vec![]);
+            let mut so_far = ids(&first["prompt_token_ids"]);
+            for (k, &c) in members.iter().enumerate() {
+                let call = &calls[c];
+                if k > 0 {
+                    let prompt = ids(&call["prompt_token_ids"]);
+                    assert_eq!(prompt[..so_far.len()], so_far[..], "merged prompt extends");
+                    let observation = &prompt[so_far.len()..];
+                    expect_ids.extend_from_slice(observation);
+                    expect_mask.extend(std::iter::repeat_n(0, observation.len()));
+                    expect_lp.extend(std::iter::repeat_n(0.0, observation.len()));
+                    so_far = prompt;
+                }
+                let sampled = ids(&call["token_ids"]);
+                expect_ids.extend_from_slice(&sampled);
+                expect_mask.extend(std::iter::repeat_n(1, sampled.len()));
+                let logprobs: Vec<f64> = call["logprobs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                assert_eq!(logprobs.len(), sampled.len());
+                expect_lp.extend(logprobs);
+                so_far.extend(sampled);
+            }
+            assert_eq!(ids(&row["response_ids"]), expect_ids, "{id}");
+            assert_eq!(ids(&row["response_mask"]), expect_mask, "{id}");
+            let lp: Vec<f64> = row["response_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            for (a, b) in lp.iter().zip(&expect_lp) {
+                assert!(
+                    (a - b).abs() < 1e-6,
+                    "{id}: trained log-prob {a} vs returned {b}"
+                );
+            }
+            assert_eq!(
+                row["episode_reward"].as_f64(),
+                episode["reward"].as_f64(),
+                "{id}"
+            );
+            trained_tokens += expect_mask.iter().filter(|&&m| m == 1).count();
+        }
+        // trl #4159: episode calls are sampled at the training temperature (0.7), whatever
+        // the harness asked (1.0), and the response says so.
+        for call in calls.iter().filter(|c| !c["cairn"].is_null()) {
+            assert_eq!(call["cairn"]["temperature"].as_f64(), Some(0.7f32 as f64));
+        }
+    }
+    assert_eq!(
+        trained_tokens, returned_tokens,
+        "every returned id trained once"
+    );
+    assert!(
+        merged_rows >= 2,
+        "the token-level episodes merge their calls"
+    );
+
+    let metrics = jsonl(&run.join("metrics.jsonl"));
+    let rl: Vec<&Value> = metrics.iter().filter(|m| m["phase"] == "rl").collect();
+    assert_eq!(rl.len(), 1);
+    // The log-probs the gateway reported are those the trainer recomputes (same
+    // temperature, same ids): the importance ratio starts at 1.
+    let mismatch = rl[0]["logprob_mismatch/max_abs"].as_f64().unwrap();
+    assert!(
+        mismatch < 1e-3,
+        "reported vs trained log-probs differ by {mismatch}"
+    );
+    assert_eq!(rl[0]["policy_version"].as_u64(), Some(1));
+}
+
+/// Malformed JSON, an unknown model, a prompt past the context window, a negative
+/// `max_tokens`, an unknown episode, a reward posted twice and clients that disconnect: each
+/// an OpenAI error (or a dropped stream), the server up, another episode untouched.
+#[test]
+fn gateway_bad_input_gets_openai_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "serve.toml", &gateway_config(&run, 1, ""));
+    let gateway = Gateway::start(&["serve", cfg.to_str().unwrap()]);
+    let script = repo().join("hosts/cairn/tests/it/gateway_bad_input.py");
+    let out = run_python(&[script.to_str().unwrap(), &gateway.url]);
+    let summary: Value = serde_json::from_str(out.trim()).expect("a JSON summary");
+    assert_eq!(summary["reward_twice"], 409);
+    assert_eq!(summary["steady_calls"], 2);
+}
+
+/// A bad `[source]` is a config error naming the key, before anything starts.
+#[test]
+fn gateway_config_errors_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = gateway_config(&run, 1, "episode_timeout_s = -1");
+    let cfg = write_config(tmp.path(), "bad.toml", &text);
+    let out = crate::cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = crate::stderr(&out);
+    assert!(err.contains("source.episode_timeout_s"), "{err}");
+}

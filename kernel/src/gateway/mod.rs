@@ -1,0 +1,500 @@
+//! The gateway: an OpenAI-compatible front for the policy, so an agent harness that owns its
+//! loop (tools, context, control flow) can be trained by pointing its `base_url` at Cairn
+//! (architecture.md, "Harness-owned loop"; algorithms.md §13).
+//!
+//! This module is the HTTP-free part; the host's `serve` module maps routes onto
+//! [`Gateway`]'s methods:
+//!
+//! - [`request`]: request bodies → a checked [`request::Job`] (prompt ids rendered by the
+//!   model's chat template, sampling parameters);
+//! - [`sampler::Sampler`]: batches concurrent requests into `Generate` calls on the policy
+//!   actor; pauses around weight updates;
+//! - [`response`]: sampled ids → response bodies and stream chunks, ids verbatim;
+//! - [`store::EpisodeStore`] and [`segment`]: episodes, prefix merging, rewards, timeouts,
+//!   training rows;
+//! - [`source::EpisodeSource`]: the trainer's `CollectGroups` answered from finished episodes.
+//!
+//! A call belongs to an episode when the host passes its id (from the URL path
+//! `/episodes/{id}/v1/...` or the `X-Cairn-Episode` header); other calls are served and not
+//! recorded.
+
+pub mod api_error;
+pub mod request;
+pub mod response;
+pub mod sampler;
+pub mod segment;
+pub mod source;
+pub mod store;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix::Recipient;
+use cairn_plugin_sdk::{
+    ContextVariant, Environment, EnvironmentInfo, Episode, PluginError, TaskInfo, TaskRef,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value as Json};
+
+pub use api_error::{ApiError, ApiErrorKind};
+pub use request::{Job, RequestSettings, Route};
+pub use response::Output;
+pub use sampler::{PauseSampling, ResumeSampling, Sample, Sampler};
+pub use segment::{SampledChoice, Segment};
+pub use source::EpisodeSource;
+pub use store::{CallRecord, EpisodeSettings, EpisodeStore};
+
+use crate::text::ChatFormat;
+
+/// How an episode's calls become training rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowMode {
+    /// One row per segment: calls whose prompts extend the previous ids merge, observation
+    /// ids masked (Agent Lightning's trajectory mode).
+    #[default]
+    Merged,
+    /// One row per call and choice (transition mode): per-turn anchors for GiGPO.
+    PerCall,
+}
+
+/// What a finished episode without a reward becomes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MissingReward {
+    /// Not trained on.
+    Drop,
+    /// Trained on with this reward.
+    Fill(f32),
+}
+
+/// `missing_reward` in the config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingRewardRule {
+    #[default]
+    Drop,
+    Fill,
+}
+
+/// `[source]` with `kind = "gateway"`: the gateway's settings.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// `host:port` to listen on (port 0: any free port; the address is printed).
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// The model id `/v1/models` lists and requests must name.
+    #[serde(default = "default_model_name")]
+    pub model_name: String,
+    #[serde(default)]
+    pub rows: RowMode,
+    /// An open episode idle this long (seconds) is failed.
+    #[serde(default = "default_episode_timeout_s")]
+    pub episode_timeout_s: f64,
+    #[serde(default)]
+    pub missing_reward: MissingRewardRule,
+    /// The reward of an episode without one when `missing_reward = "fill"`.
+    #[serde(default)]
+    pub fill_reward: f32,
+    /// A training step that waited this long (seconds) trains on the episodes there are,
+    /// partial groups included; 0 waits for complete groups.
+    #[serde(default)]
+    pub step_timeout_s: f64,
+    /// How long the first request of a generation batch waits for others (milliseconds).
+    #[serde(default = "default_batch_window_ms")]
+    pub batch_window_ms: u64,
+    /// Prompts per generation batch at most.
+    #[serde(default = "default_max_batch_prompts")]
+    pub max_batch_prompts: usize,
+    /// Largest `n` a request may ask.
+    #[serde(default = "default_max_n")]
+    pub max_n: usize,
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8400".into()
+}
+fn default_model_name() -> String {
+    "cairn".into()
+}
+fn default_episode_timeout_s() -> f64 {
+    600.0
+}
+fn default_batch_window_ms() -> u64 {
+    5
+}
+fn default_max_batch_prompts() -> usize {
+    64
+}
+fn default_max_n() -> usize {
+    16
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            bind: default_bind(),
+            model_name: default_model_name(),
+            rows: RowMode::default(),
+            episode_timeout_s: default_episode_timeout_s(),
+            missing_reward: MissingRewardRule::default(),
+            fill_reward: 0.0,
+            step_timeout_s: 0.0,
+            batch_window_ms: default_batch_window_ms(),
+            max_batch_prompts: default_max_batch_prompts(),
+            max_n: default_max_n(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// A message naming the bad key, or `None` when the values are usable.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        let seconds = |x: f64| x.is_finite() && x >= 0.0;
+        if !(self.episode_timeout_s.is_finite() && self.episode_timeout_s > 0.0) {
+            return Some(("source.episode_timeout_s", "must be > 0".into()));
+        }
+        if !seconds(self.step_timeout_s) {
+            return Some(("source.step_timeout_s", "must be >= 0".into()));
+        }
+        if self.max_batch_prompts == 0 || self.max_n == 0 {
+            return Some((
+                "source.max_batch_prompts",
+                "max_batch_prompts and max_n must be at least 1".into(),
+            ));
+        }
+        if !self.fill_reward.is_finite() {
+            return Some(("source.fill_reward", "must be a finite number".into()));
+        }
+        None
+    }
+
+    /// The store settings these keys give.
+    pub fn episode_settings(&self) -> EpisodeSettings {
+        EpisodeSettings {
+            timeout: Duration::from_secs_f64(self.episode_timeout_s),
+            missing_reward: match self.missing_reward {
+                MissingRewardRule::Drop => MissingReward::Drop,
+                MissingRewardRule::Fill => MissingReward::Fill(self.fill_reward),
+            },
+            rows: self.rows,
+            keep_finished: 4096,
+            max_ready: 100_000,
+        }
+    }
+
+    /// `None` when 0.
+    pub fn step_timeout(&self) -> Option<Duration> {
+        (self.step_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.step_timeout_s))
+    }
+}
+
+/// The environment stand-in of a gateway pipeline: the harness plays the episodes, so it has
+/// no tasks of its own (no held-out evaluation, no expert). It reports what a harness may
+/// send: anchor keys and rewards.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HarnessEnvironment;
+
+impl Environment for HarnessEnvironment {
+    fn info(&self) -> EnvironmentInfo {
+        EnvironmentInfo {
+            anchor_keys: true,
+            step_rewards: true,
+            tools: true,
+            ..EnvironmentInfo::default()
+        }
+    }
+
+    fn task(&self, task: TaskRef) -> cairn_plugin_sdk::Result<TaskInfo> {
+        Err(PluginError::host(format!(
+            "the gateway's harness plays the episodes; task {task:?} is not Cairn's"
+        )))
+    }
+
+    fn start(
+        &self,
+        task: TaskRef,
+        _: u64,
+        _: &ContextVariant,
+    ) -> cairn_plugin_sdk::Result<Box<dyn Episode>> {
+        self.task(task).map(|_| unreachable!("task() always fails"))
+    }
+}
+
+/// The gateway as a training pipeline sees it: where a step's episodes come from, and the
+/// pause around weight updates. Set on [`crate::actors::Pipeline::gateway`] by the host.
+#[derive(Clone)]
+pub struct GatewayLink {
+    pub collect: Recipient<crate::actors::rollout::CollectGroups>,
+    pub pause: Recipient<PauseSampling>,
+    pub resume: Recipient<ResumeSampling>,
+}
+
+/// A sampled request, before it is returned and recorded.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    pub job: Job,
+    /// `n` outputs per prompt, prompt-major.
+    pub outputs: Vec<Output>,
+    pub policy_version: u64,
+    pub request_id: String,
+    /// Unix seconds.
+    pub created: u64,
+}
+
+struct Inner {
+    format: ChatFormat,
+    settings: RequestSettings,
+    store: Arc<Mutex<EpisodeStore>>,
+    sampler: Recipient<Sample>,
+    requests: AtomicU64,
+    /// The version of the latest sample (0 before any).
+    version: AtomicU64,
+}
+
+/// The gateway's operations, one per route; cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenBody {
+    episode_id: Option<String>,
+    task_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RewardBody {
+    reward: f32,
+    success: Option<bool>,
+}
+
+fn body_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid("body", format!("could not parse the request: {e}"))
+            .with_code("invalid_json")
+    })
+}
+
+impl Gateway {
+    pub fn new(
+        format: ChatFormat,
+        settings: RequestSettings,
+        store: Arc<Mutex<EpisodeStore>>,
+        sampler: Recipient<Sample>,
+    ) -> Gateway {
+        Gateway {
+            inner: Arc::new(Inner {
+                format,
+                settings,
+                store,
+                sampler,
+                requests: AtomicU64::new(0),
+                version: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<Mutex<EpisodeStore>> {
+        &self.inner.store
+    }
+
+    pub fn settings(&self) -> &RequestSettings {
+        &self.inner.settings
+    }
+
+    /// `GET /v1/models`.
+    pub fn models(&self) -> Json {
+        json!({"object": "list", "data": [{
+            "id": self.inner.settings.model_name, "object": "model", "created": 0,
+            "owned_by": "cairn", "max_model_len": self.inner.settings.context_window,
+        }]})
+    }
+
+    /// Checks and samples a completion request (`episode`: the episode it belongs to).
+    pub async fn complete(
+        &self,
+        route: Route,
+        body: &[u8],
+        episode: Option<&str>,
+        anchor: Option<String>,
+    ) -> Result<Completed, ApiError> {
+        let inner = &self.inner;
+        if let Some(id) = episode {
+            inner.store.lock().check_open(id, Instant::now())?;
+        }
+        let in_episode = episode.is_some();
+        let mut job = match route {
+            Route::Chat => inner.settings.chat(body, &inner.format, in_episode)?,
+            Route::Completions => inner.settings.completion(body, &inner.format, in_episode)?,
+        };
+        if job.anchor.is_none() {
+            job.anchor = anchor;
+        }
+        let mut params = job.params.clone();
+        params.stop_ids = inner.format.stop_ids().to_vec();
+        let prompts: Vec<Vec<u32>> = job
+            .prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), job.n))
+            .collect();
+        let sampled = inner
+            .sampler
+            .send(Sample {
+                prompts,
+                params,
+                seeded: job.seeded,
+            })
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    ApiErrorKind::Unavailable,
+                    format!("the sampler is gone: {e}"),
+                )
+            })??;
+        inner
+            .version
+            .fetch_max(sampled.policy_version, Ordering::Relaxed);
+        let tokenizer = inner.format.tokenizer();
+        let outputs = sampled
+            .generations
+            .into_iter()
+            .map(|g| Output::new(&job, g, tokenizer, inner.format.stop_ids()))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let request_id = format!("{:x}", inner.requests.fetch_add(1, Ordering::Relaxed));
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Completed {
+            job,
+            outputs,
+            policy_version: sampled.policy_version,
+            request_id,
+            created,
+        })
+    }
+
+    fn meta<'a>(&'a self, c: &'a Completed) -> response::Meta<'a> {
+        response::Meta {
+            request_id: &c.request_id,
+            model: &self.inner.settings.model_name,
+            created: c.created,
+            policy_version: c.policy_version,
+        }
+    }
+
+    /// The non-streaming response body.
+    pub fn body(&self, c: &Completed) -> Json {
+        response::body(
+            &c.job,
+            &c.outputs,
+            &self.meta(c),
+            self.inner.format.tokenizer(),
+        )
+    }
+
+    /// The stream chunks (SSE `data:` payloads, without `[DONE]`).
+    pub fn chunks(&self, c: &Completed) -> Result<Vec<Json>, ApiError> {
+        Ok(response::chunks(
+            &c.job,
+            &c.outputs,
+            &self.meta(c),
+            self.inner.format.tokenizer(),
+        )?)
+    }
+
+    /// Records a delivered response in its episode: one call per prompt. Returns the receipt
+    /// added to the response as `cairn`.
+    pub fn record(&self, c: &Completed, episode: &str) -> Result<Json, ApiError> {
+        let now = Instant::now();
+        let mut store = self.inner.store.lock();
+        let mut calls = Vec::new();
+        for (i, prompt) in c.job.prompts.iter().enumerate() {
+            let choices = c.outputs[i * c.job.n..(i + 1) * c.job.n]
+                .iter()
+                .map(|o| SampledChoice {
+                    ids: o.ids.clone(),
+                    logprobs: o.logprobs.clone(),
+                    finish_reason: o.finish_reason,
+                    tool_calls: o.tool_calls.len() as u32,
+                })
+                .collect();
+            let receipt = store.record(
+                episode,
+                now,
+                CallRecord {
+                    index: 0,
+                    prompt_ids: prompt.clone(),
+                    choices,
+                    policy_version: c.policy_version,
+                    temperature: c.job.params.temperature,
+                    anchor: c.job.anchor.clone(),
+                    observation: c.job.observation.clone(),
+                },
+            )?;
+            calls.push(json!({"call": receipt.call, "merged": receipt.merged,
+                              "segments": receipt.segments}));
+        }
+        Ok(
+            json!({"episode_id": episode, "policy_version": c.policy_version,
+                  "temperature": c.job.params.temperature, "calls": calls}),
+        )
+    }
+
+    /// `POST /episodes`: `{"episode_id"?, "task_id"?}` → the id and its base URL path.
+    pub fn open_episode(&self, body: &[u8]) -> Result<Json, ApiError> {
+        let body: OpenBody = body_json(body)?;
+        let id =
+            self.inner
+                .store
+                .lock()
+                .open(Instant::now(), body.episode_id, body.task_id.clone())?;
+        Ok(json!({"episode_id": id, "task_id": body.task_id,
+                  "base_path": format!("/episodes/{id}/v1")}))
+    }
+
+    /// `POST /episodes/{id}/reward`: `{"reward", "success"?}`; closes the episode.
+    pub fn reward(&self, id: &str, body: &[u8]) -> Result<Json, ApiError> {
+        let body: RewardBody = body_json(body)?;
+        self.inner
+            .store
+            .lock()
+            .reward(id, Instant::now(), body.reward, body.success)?;
+        Ok(json!({"episode_id": id, "status": "rewarded", "reward": body.reward}))
+    }
+
+    /// `POST /episodes/{id}/close`: ends the episode without a reward.
+    pub fn close(&self, id: &str) -> Result<Json, ApiError> {
+        self.inner.store.lock().close(id, Instant::now())?;
+        Ok(json!({"episode_id": id, "status": "closed"}))
+    }
+
+    /// `GET /episodes/{id}`.
+    pub fn view(&self, id: &str) -> Result<Json, ApiError> {
+        self.inner.store.lock().view(id, Instant::now())
+    }
+
+    /// `GET /health`: policy version and episode counters.
+    pub fn health(&self) -> Json {
+        let mut store = self.inner.store.lock();
+        store.sweep(Instant::now());
+        json!({
+            "status": "ok",
+            "model": self.inner.settings.model_name,
+            "policy_version": self.inner.version.load(Ordering::Relaxed),
+            "episodes_open": store.open_count(),
+            "episodes_ready": store.ready_count(),
+            "stats": store.stats(),
+        })
+    }
+}

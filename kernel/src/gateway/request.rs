@@ -1,0 +1,449 @@
+//! OpenAI request bodies → a [`Job`]: prompt ids rendered by the model's chat template, and
+//! the sampling parameters, checked.
+//!
+//! `/v1/chat/completions` renders `messages` (and `tools`) with the model's own template,
+//! generation prompt appended; `/v1/completions` takes a string (tokenised as is, special
+//! tokens matched) or token ids. Every check fails with an [`ApiError`] naming the parameter:
+//! malformed JSON, an unknown model, `max_tokens < 1`, a prompt that does not fit the context
+//! window, unsupported options (`top_logprobs`, penalties, `logit_bias`, `best_of`, `echo`).
+//! Unknown keys that change nothing (`user`, `metadata`, ...) are ignored, as vLLM does.
+//!
+//! Cairn's extensions: a `cairn` object in the body (`{"anchor": "..."}`: the GiGPO anchor
+//! state of this turn) and, for episode calls under training, the sampling override of
+//! [`RequestSettings::training_sampling`] (trl #4159: the trainer scores at the training
+//! temperature, so episode calls are sampled at it whatever the request says).
+
+use serde::Deserialize;
+use serde_json::{Map, Value as Json};
+
+use super::api_error::ApiError;
+use crate::backend::SamplingParams;
+use crate::text::{arguments_to_objects, ChatFormat};
+
+/// What the request checks need to know about the served model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestSettings {
+    /// The model id clients name (`/v1/models` lists it).
+    pub model_name: String,
+    /// Prompt + completion tokens the model takes at most.
+    pub context_window: usize,
+    /// `max_tokens` when a request gives none (capped by the context left).
+    pub default_max_tokens: u32,
+    /// Largest `n`.
+    pub max_n: usize,
+    /// `(temperature, top_p)` forced on episode calls while a trainer consumes the episodes.
+    pub training_sampling: Option<(f32, f32)>,
+}
+
+/// Which route a job came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+}
+
+/// A checked request, ready to sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub route: Route,
+    /// Prompt ids, one per prompt (chat: one), `[P_i]`.
+    pub prompts: Vec<Vec<u32>>,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Sampling for every choice; `seed` is meaningful when `seeded`.
+    pub params: SamplingParams,
+    /// The request fixed the seed: its choices are sampled in a batch of their own, so the
+    /// same request gives the same ids.
+    pub seeded: bool,
+    /// Stop strings: the text is cut before the first one.
+    pub stop: Vec<String>,
+    /// Report per-token log-probs.
+    pub logprobs: bool,
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Parse `<tool_call>` blocks of the output into `tool_calls` (chat with tools).
+    pub parse_tools: bool,
+    /// GiGPO anchor key of this turn.
+    pub anchor: Option<String>,
+    /// Text of the last message (what the policy acts on), for rows.
+    pub observation: String,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<i64>),
+    IdLists(Vec<Vec<i64>>),
+}
+
+/// The parameters both routes share (unknown keys ignored).
+#[derive(Deserialize)]
+struct Common {
+    model: Option<String>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    stop: Option<Stop>,
+    n: Option<i64>,
+    seed: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<Json>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    logit_bias: Option<Map<String, Json>>,
+    cairn: Option<Extension>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Extension {
+    anchor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    messages: Option<Vec<Json>>,
+    tools: Option<Vec<Json>>,
+    tool_choice: Option<Json>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    prompt: Option<Prompt>,
+    logprobs: Option<i64>,
+    echo: Option<bool>,
+    best_of: Option<i64>,
+    suffix: Option<String>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_data() {
+            "a parameter has the wrong type"
+        } else {
+            "the body is not valid JSON"
+        };
+        ApiError::invalid("body", format!("could not parse the request: {what}: {e}"))
+            .with_code("invalid_json")
+    })
+}
+
+/// The text of a message's `content`: a string, `null`, or a list of `{"type": "text"}` parts.
+fn content_text(content: Option<&Json>, index: usize) -> Result<Option<String>, ApiError> {
+    match content {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(text)) => Ok(Some(text.clone())),
+        Some(Json::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Json::as_str), part.get("text")) {
+                    (Some("text"), Some(Json::String(t))) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{index}].content"),
+                            "only text content parts are supported",
+                        ))
+                    }
+                }
+            }
+            Ok(Some(text))
+        }
+        Some(other) => Err(ApiError::invalid(
+            &format!("messages[{index}].content"),
+            format!("content must be a string or a list of text parts, got {other}"),
+        )),
+    }
+}
+
+/// Checks the messages and puts them in the form chat templates read: string content
+/// (`""` for an assistant turn that only calls tools), tool-call arguments as objects.
+fn template_messages(messages: Vec<Json>) -> Result<(Vec<Json>, String), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    let mut last_text = String::new();
+    for (i, message) in messages.into_iter().enumerate() {
+        let Json::Object(mut message) = message else {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}]"),
+                "each message must be a JSON object",
+            ));
+        };
+        match message.get("role").and_then(Json::as_str) {
+            Some("system" | "user" | "assistant" | "tool" | "developer") => {}
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    "role must be one of system, developer, user, assistant, tool",
+                ))
+            }
+        }
+        let text = content_text(message.get("content"), i)?;
+        last_text = text.clone().unwrap_or_default();
+        message.insert("content".into(), Json::String(text.unwrap_or_default()));
+        out.push(Json::Object(message));
+    }
+    arguments_to_objects(&mut out);
+    Ok((out, last_text))
+}
+
+impl RequestSettings {
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m == self.model_name => Ok(()),
+            Some(m) => Err(ApiError::not_found(format!(
+                "the model `{m}` does not exist; this gateway serves `{}`",
+                self.model_name
+            ))
+            .with_param("model")
+            .with_code("model_not_found")),
+            None => Err(ApiError::invalid("model", "`model` is required")),
+        }
+    }
+
+    /// Sampling parameters, `n`, stop strings and stream flags shared by both routes.
+    fn common(
+        &self,
+        c: &Common,
+        in_episode: bool,
+        prompt_len: usize,
+    ) -> Result<(SamplingParams, usize, bool, Vec<String>), ApiError> {
+        self.check_model(c.model.as_deref())?;
+        for (name, value) in [
+            ("frequency_penalty", c.frequency_penalty),
+            ("presence_penalty", c.presence_penalty),
+        ] {
+            if value.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::invalid(name, format!("{name} is not supported")));
+            }
+        }
+        if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "logit_bias is not supported",
+            ));
+        }
+        let mut temperature = c.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("temperature must be in [0, 2], got {temperature}"),
+            ));
+        }
+        let mut top_p = c.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("top_p must be in (0, 1], got {top_p}"),
+            ));
+        }
+        if let (true, Some((t, p))) = (in_episode, self.training_sampling) {
+            temperature = t;
+            top_p = p;
+        }
+        let n = c.n.unwrap_or(1);
+        if n < 1 || n as usize > self.max_n {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be in [1, {}], got {n}", self.max_n),
+            ));
+        }
+        if prompt_len >= self.context_window {
+            return Err(self.too_long(prompt_len, 0));
+        }
+        let room = self.context_window - prompt_len;
+        let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
+            Some(m) if m < 1 => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("max_tokens must be at least 1, got {m}"),
+                )
+                .with_code("integer_below_min_value"))
+            }
+            Some(m) if m as u64 > room as u64 => {
+                return Err(self.too_long(prompt_len, m as u64));
+            }
+            Some(m) => m as u32,
+            None => self.default_max_tokens.min(room as u32),
+        };
+        let stop = match &c.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop takes at most 4 non-empty strings",
+            ));
+        }
+        let params = SamplingParams {
+            temperature,
+            top_p,
+            max_new_tokens: max_tokens,
+            stop_ids: Vec::new(),
+            seed: c.seed.map_or(0, |s| s as u64),
+        };
+        Ok((params, n as usize, c.seed.is_some(), stop))
+    }
+
+    fn too_long(&self, prompt: usize, completion: u64) -> ApiError {
+        ApiError::invalid(
+            "messages",
+            format!(
+                "this model's maximum context length is {} tokens; the request needs {} \
+                 ({prompt} in the prompt, {completion} for the completion)",
+                self.context_window,
+                prompt as u64 + completion
+            ),
+        )
+        .with_code("context_length_exceeded")
+    }
+
+    /// Parses a `/v1/chat/completions` body.
+    pub fn chat(
+        &self,
+        body: &[u8],
+        format: &ChatFormat,
+        in_episode: bool,
+    ) -> Result<Job, ApiError> {
+        let body: ChatBody = parse_json(body)?;
+        self.check_model(body.common.model.as_deref())?;
+        if body.top_logprobs.is_some_and(|k| k > 0) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs is not supported: the gateway reports the log-prob of each \
+                 sampled token (logprobs: true)",
+            ));
+        }
+        let tools_off = match &body.tool_choice {
+            None => false,
+            Some(Json::String(s)) if s == "auto" => false,
+            Some(Json::String(s)) if s == "none" => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice {other} is not supported (use \"auto\" or \"none\")"),
+                ))
+            }
+        };
+        let (messages, observation) = template_messages(
+            body.messages
+                .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?,
+        )?;
+        let tools = body.tools.filter(|t| !t.is_empty() && !tools_off);
+        let prompt = format.prompt_ids(&messages, tools.as_deref())?;
+        let (params, n, seeded, stop) = self.common(&body.common, in_episode, prompt.len())?;
+        Ok(Job {
+            route: Route::Chat,
+            prompts: vec![prompt],
+            n,
+            params,
+            seeded,
+            stop,
+            logprobs: body.logprobs.unwrap_or(false),
+            stream: body.common.stream.unwrap_or(false),
+            include_usage: include_usage(&body.common),
+            parse_tools: tools.is_some(),
+            anchor: body.common.cairn.and_then(|c| c.anchor),
+            observation,
+        })
+    }
+
+    /// Parses a `/v1/completions` body.
+    pub fn completion(
+        &self,
+        body: &[u8],
+        format: &ChatFormat,
+        in_episode: bool,
+    ) -> Result<Job, ApiError> {
+        let body: CompletionBody = parse_json(body)?;
+        self.check_model(body.common.model.as_deref())?;
+        if body.echo == Some(true) || body.best_of.is_some_and(|b| b > 1) || body.suffix.is_some() {
+            return Err(ApiError::invalid(
+                "echo",
+                "echo, best_of and suffix are not supported",
+            ));
+        }
+        let vocab = format.tokenizer().vocab_size();
+        let ids = |list: Vec<i64>| -> Result<Vec<u32>, ApiError> {
+            list.into_iter()
+                .map(|id| match u32::try_from(id) {
+                    Ok(id) if (id as usize) < vocab => Ok(id),
+                    _ => Err(ApiError::invalid(
+                        "prompt",
+                        format!("token id {id} is outside the vocabulary (0..{vocab})"),
+                    )),
+                })
+                .collect()
+        };
+        let encode = |text: &str| format.tokenizer().encode(text).map_err(ApiError::from);
+        let (prompts, observation) = match body.prompt {
+            None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+            Some(Prompt::Text(t)) => (vec![encode(&t)?], t),
+            Some(Prompt::Texts(ts)) => (
+                ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+                ts.last().cloned().unwrap_or_default(),
+            ),
+            Some(Prompt::Ids(list)) => (vec![ids(list)?], String::new()),
+            Some(Prompt::IdLists(lists)) => (
+                lists.into_iter().map(ids).collect::<Result<_, _>>()?,
+                String::new(),
+            ),
+        };
+        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+            return Err(ApiError::invalid(
+                "prompt",
+                "every prompt needs at least one token",
+            ));
+        }
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let (params, n, seeded, stop) = self.common(&body.common, in_episode, longest)?;
+        if prompts.len() * n > self.max_n * 4 {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("at most {} prompts × n per request", self.max_n * 4),
+            ));
+        }
+        Ok(Job {
+            route: Route::Completions,
+            prompts,
+            n,
+            params,
+            seeded,
+            stop,
+            logprobs: body.logprobs.is_some(),
+            stream: body.common.stream.unwrap_or(false),
+            include_usage: include_usage(&body.common),
+            parse_tools: false,
+            anchor: body.common.cairn.and_then(|c| c.anchor),
+            observation,
+        })
+    }
+}
+
+fn include_usage(c: &Common) -> bool {
+    c.stream_options
+        .as_ref()
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Json::as_bool)
+        .unwrap_or(false)
+}

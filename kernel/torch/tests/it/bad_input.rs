@@ -1,0 +1,204 @@
+//! Bad model directories and bad exports: each error lists exactly what is missing or wrong,
+//! and nothing is loaded or written half-way. Messages are compared in full.
+
+use std::path::{Path, PathBuf};
+
+use cairn_torch::weights::write_safetensors;
+use cairn_torch::{CausalLm, Dtype};
+use tch::{Device, Tensor};
+
+use crate::reference::Fixture;
+
+/// A copy of fixture `name`'s directory, to break.
+fn copy_fixture(name: &'static str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(name);
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(Fixture::load(name).dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    (tmp, dir)
+}
+
+fn load_error(dir: &Path) -> String {
+    CausalLm::from_pretrained(dir, Device::Cpu, Dtype::F32)
+        .unwrap_err()
+        .to_string()
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+#[test]
+fn missing_shard_is_named_with_its_tensor_count() {
+    let (_tmp, dir) = copy_fixture("qwen2.5-sharded");
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "{}: shard file(s) model-00002-of-00002.safetensors (holding 17 tensors) missing from \
+             the directory; the download is incomplete: fetch them again",
+            dir.join("model.safetensors.index.json").display()
+        )
+    );
+    std::fs::remove_file(dir.join("model-00001-of-00002.safetensors")).unwrap();
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "{}: shard file(s) model-00001-of-00002.safetensors, model-00002-of-00002.safetensors \
+             (holding 26 tensors) missing from the directory; the download is incomplete: fetch \
+             them again",
+            dir.join("model.safetensors.index.json").display()
+        )
+    );
+}
+
+#[test]
+fn tensor_listed_in_the_index_but_absent_from_its_shard_is_named() {
+    let (_tmp, dir) = copy_fixture("qwen2.5-sharded");
+    let shard = dir.join("model-00001-of-00002.safetensors");
+    let mut tensors = Tensor::read_safetensors(&shard).unwrap();
+    tensors.retain(|(n, _)| n != "model.embed_tokens.weight");
+    write_safetensors(&shard, &tensors).unwrap();
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "1 tensor(s) missing from {}: model.embed_tokens.weight (listed in \
+             model-00001-of-00002.safetensors); the files are incomplete or belong to a different \
+             model (check config.json against the weights)",
+            dir.join("model.safetensors.index.json").display()
+        )
+    );
+}
+
+#[test]
+fn missing_tensors_are_all_listed_never_left_random() {
+    let (_tmp, dir) = copy_fixture("qwen2");
+    let file = dir.join("model.safetensors");
+    let mut tensors = Tensor::read_safetensors(&file).unwrap();
+    tensors.retain(|(n, _)| {
+        n != "model.norm.weight"
+            && n != "lm_head.weight"
+            && n != "model.layers.1.self_attn.k_proj.bias"
+    });
+    write_safetensors(&file, &tensors).unwrap();
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "3 tensor(s) missing from {}: lm_head.weight, model.layers.1.self_attn.k_proj.bias, \
+             model.norm.weight; the files are incomplete or belong to a different model (check \
+             config.json against the weights)",
+            file.display()
+        )
+    );
+}
+
+#[test]
+fn wrong_shapes_are_all_listed_with_expected_and_found() {
+    let (_tmp, dir) = copy_fixture("qwen3");
+    // A config for a wider vocabulary and more kv heads than the weights were written for.
+    edit_config(&dir, |c| {
+        c["vocab_size"] = 520.into();
+        c["num_key_value_heads"] = 4.into();
+    });
+    let file = dir.join("model.safetensors");
+    let f = file.display();
+    let layer = |i: usize, proj: &str| {
+        format!(
+            "`model.layers.{i}.self_attn.{proj}.weight` in {f}: expected shape [64, 32], found [32, 32]"
+        )
+    };
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "5 tensor(s) with the wrong shape: `model.embed_tokens.weight` in {f}: expected shape \
+             [520, 32], found [512, 32]; {}; {}; {}; {}; the weights were written for a different \
+             config (hidden size, heads, vocab?): load them with their own config.json",
+            layer(0, "k_proj"),
+            layer(0, "v_proj"),
+            layer(1, "k_proj"),
+            layer(1, "v_proj"),
+        )
+    );
+}
+
+#[test]
+fn unknown_model_type_is_named_with_the_supported_ones() {
+    let (_tmp, dir) = copy_fixture("llama3");
+    edit_config(&dir, |c| c["model_type"] = "mistral".into());
+    assert_eq!(
+        load_error(&dir),
+        format!(
+            "{}: unsupported model_type `mistral`; supported: qwen3, qwen2, llama",
+            dir.join("config.json").display()
+        )
+    );
+}
+
+#[test]
+fn export_without_a_tokenizer_names_the_file_and_writes_nothing() {
+    let fixture = Fixture::load("qwen3");
+    let backend = fixture.backend(Device::Cpu);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("export");
+    let err = backend.export(tmp.path(), &out).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{} not found: No such file or directory (os error 2)",
+            tmp.path().join("tokenizer.json").display()
+        )
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn export_refuses_a_tokenizer_the_model_has_no_rows_for() {
+    // The Llama fixture's tokenizer has 487 ids; a model with 300 rows cannot serve it.
+    let fixture = Fixture::load("llama3");
+    let mut config = cairn_torch::ModelConfig::qwen3(300, 32, 64, 1, 4, 2);
+    config.tie_word_embeddings = true;
+    let model = CausalLm::random(&config, Device::Cpu, Dtype::F32, 0).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("export");
+    let err = cairn_torch::export::export_model_dir(&model, &fixture.dir, &out)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: the tokenizer has 487 ids but the model has 300 embedding rows; export the model \
+             with the tokenizer it was trained with",
+            fixture.dir.display()
+        )
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn export_refuses_a_chat_template_that_does_not_compile() {
+    let (_tmp, dir) = copy_fixture("qwen3");
+    let path = dir.join("tokenizer_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["chat_template"] = "{% for message in messages %}\n{{ message.content }\n".into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let backend = Fixture::load("qwen3").backend(Device::Cpu);
+    let out = dir.join("export");
+    let err = backend.export(&dir, &out).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "chat template `{}:chat_template`, line 2: syntax error: unexpected `}}`, expected end \
+             of variable block",
+            path.display()
+        )
+    );
+    assert!(!out.exists());
+}
