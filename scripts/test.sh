@@ -5,5 +5,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$CAIRN_ROOT"
 bash scripts/setup.sh
+cargo fmt --all -- --check
 cargo build --workspace --all-targets
+cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast "$@"

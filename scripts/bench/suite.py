@@ -548,7 +548,7 @@ def render(results):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=int(os.environ.get("CAIRN_BENCH_THREADS", os.cpu_count())))
-    p.add_argument("--repeats", type=int, default=3, help="rounds per case (processes per side)")
+    p.add_argument("--repeats", type=int, help="rounds per case, processes per side (default 3; 1 with --quick)")
     p.add_argument("--out", default=os.path.join(ROOT, "target", "bench"))
     p.add_argument("--only", help="comma-separated parts: matmul,generate,score,train,pipeline")
     p.add_argument("--quick", action="store_true", help="one case per kind (a smoke run)")
@@ -557,6 +557,8 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--render", action="store_true", help="only re-render results.md from results.json")
     args = p.parse_args()
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     if args.render:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
