@@ -23,25 +23,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use cairn::setup;
 use cairn_kernel::actors::{self, rollout::RolloutSettings, PipelineParts};
-use cairn_kernel::backend::{NullBackend, OptimizerSettings, PolicyBackend};
-use cairn_kernel::config::{PipelineConfig, PromptFormat};
-use cairn_kernel::plugins::{default_dirs, PluginRegistry};
-use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
+use cairn_kernel::backend::{NullBackend, PolicyBackend};
+use cairn_kernel::config::PipelineConfig;
 use cairn_kernel::run::RunDir;
-use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_kernel::trainer::{Event, Trainer};
 use cairn_plugin_sdk::{Algorithm, Environment};
-use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::measure::{median, rss_kb};
 use crate::probes::{Clock, TimedAlgorithm, TimedBackend, TimedEnvironment, Totals};
-
-/// Special tokens of the scratch tokenizer (as the `cairn` host names them).
-const IM_START: &str = "<|im_start|>";
-const IM_END: &str = "<|im_end|>";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -104,36 +97,21 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
     }
     let run = RunDir::create(&config.run.dir)?;
 
-    let dirs = if config.plugins.dirs.is_empty() {
-        let exe = std::env::current_exe().ok();
-        default_dirs(
-            exe.as_deref(),
-            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
-        )
-    } else {
-        config.plugins.dirs.clone()
-    };
-    let registry = PluginRegistry::scan(&dirs)?;
-    let environment = config
-        .environment
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("the kernel-overhead benchmark needs an [environment]"))?;
-    let env = registry
-        .environment(&environment.plugin)?
-        .create_environment(&environment.config_json())?;
-    let algorithm = registry
-        .algorithm(&config.algorithm.plugin)?
-        .create_algorithm(&config.algorithm.config_json())?;
-    config.check_requirements(&algorithm.try_requirements()?, &env.try_info()?)?;
-    let env: Arc<dyn Environment> = Arc::new(env);
-
-    let tokenizer = scratch_tokenizer(&config, &run, env.as_ref())?;
-    let builder = prompt_builder(&config, &tokenizer)?;
+    // Built exactly as `cairn train` builds it.
+    let plugins = setup::plugins(&config)?;
+    let env = plugins.env;
+    let tokenizer = setup::tokenizer(&config, &run.root, env.as_ref())?;
+    let builder = setup::prompt_builder(&config, &tokenizer)?;
     let clock = Clock::default();
     let backend: Box<dyn PolicyBackend> = match args.backend {
         BackendKind::Null => {
             let mut response = tokenizer.encode(&args.null_action)?;
-            response.push(tokenizer.require_id(IM_END)?);
+            response.push(
+                *builder
+                    .stop_ids()
+                    .first()
+                    .context("the prompt format has no stop id")?,
+            );
             Box::new(TimedBackend {
                 inner: NullBackend {
                     version: 0,
@@ -143,35 +121,26 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
             })
         }
         BackendKind::Torch => Box::new(TimedBackend {
-            inner: TorchBackend::new(&backend_config(&config, tokenizer.vocab_size())?)?,
+            inner: setup::backend(&config, tokenizer.vocab_size())?,
             clock: clock.clone(),
         }),
     };
     let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
         Arc::new(Mutex::new(Box::new(TimedAlgorithm {
-            inner: Box::new(algorithm),
+            inner: Box::new(plugins.algorithm),
             clock: clock.clone(),
         })));
     let env: Arc<dyn Environment> = Arc::new(TimedEnvironment {
         inner: env,
         clock: clock.clone(),
     });
-    let r = &config.rollout;
     let parts = PipelineParts {
         backend,
         env,
         algorithm: algorithm.clone(),
         builder,
         codec: Arc::new(tokenizer),
-        rollout: RolloutSettings {
-            seed: config.run.seed,
-            tasks_per_step: r.tasks_per_step,
-            group_size: r.group_size,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            max_new_tokens: r.max_new_tokens,
-            max_turns: r.max_turns,
-        },
+        rollout: RolloutSettings::from_config(&config),
         reward: config.reward.clone(),
         objective: config.objective.clone(),
         micro_batch_rows: config.optimizer.micro_batch_rows,
@@ -283,92 +252,5 @@ fn report(args: &PipelineArgs, samples: &[StepSample], total_s: f64, setup_rss: 
         "rss_setup_kb": setup_rss,
         "rss_end_kb": rss_end,
         "hwm_kb": hwm,
-    })
-}
-
-/// The scratch model's tokenizer, trained on the environment's training-task text as
-/// `cairn train` does (`hosts/cairn/src/setup.rs`), or the model directory's.
-fn scratch_tokenizer(
-    config: &PipelineConfig,
-    run: &RunDir,
-    env: &dyn Environment,
-) -> Result<Tokenizer> {
-    if let Some(path) = &config.model.path {
-        return Ok(Tokenizer::from_dir(path)?);
-    }
-    let scratch = config
-        .model
-        .scratch
-        .as_ref()
-        .context("config has neither model.path nor [model.scratch]")?;
-    let max_turns = config.rollout.max_turns.max(env.info().max_turns);
-    let corpus = cairn_kernel::rollout::corpus(env, scratch.tokenizer_episodes, max_turns)?;
-    let dir = run.root.join("tokenizer");
-    train_word_level(corpus, &WordLevelConfig::default())?.save(&dir)?;
-    Ok(Tokenizer::from_dir(&dir)?)
-}
-
-/// The prompt format of the pipeline, as the host builds it.
-fn prompt_builder(
-    config: &PipelineConfig,
-    tokenizer: &Tokenizer,
-) -> Result<Arc<dyn PromptBuilder>> {
-    Ok(match config.rollout.prompt {
-        PromptFormat::Plain => {
-            let end = tokenizer.require_id(IM_END)?;
-            let mut stop_ids = vec![end];
-            stop_ids.extend(tokenizer.eos_ids().iter().filter(|&&i| i != end));
-            Arc::new(PlainPrompt {
-                codec: tokenizer.clone(),
-                separator: vec![tokenizer.require_id(IM_START)?],
-                stop_ids,
-            })
-        }
-        PromptFormat::Chat => Arc::new(ChatPrompt {
-            format: ChatFormat::from_tokenizer(tokenizer.clone())?,
-            system: String::new(),
-        }),
-    })
-}
-
-/// The backend config of the pipeline's model, as the host builds it.
-fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<BackendConfig> {
-    let model = match (&config.model.path, &config.model.scratch) {
-        (Some(dir), _) => ModelSource::Pretrained { dir: dir.clone() },
-        (None, Some(s)) => {
-            let mut mc = ModelConfig::qwen3(
-                vocab_size,
-                s.hidden_size,
-                s.intermediate_size,
-                s.num_hidden_layers,
-                s.num_attention_heads,
-                s.num_key_value_heads,
-            );
-            mc.tie_word_embeddings = s.tie_word_embeddings;
-            mc.max_position_embeddings = 1024;
-            ModelSource::Random {
-                config: Box::new(mc),
-            }
-        }
-        (None, None) => bail!("config has neither model.path nor [model.scratch]"),
-    };
-    let device: DeviceOption = serde_json::from_value(json!(config.model.device))?;
-    let dtype = serde_json::from_value(json!(config.model.dtype))?;
-    let o = &config.optimizer;
-    Ok(BackendConfig {
-        model,
-        device,
-        dtype: Some(dtype),
-        seed: config.run.seed,
-        threads: (config.model.threads > 0).then_some(config.model.threads),
-        optimizer: OptimizerSettings {
-            lr: o.lr,
-            betas: o.betas,
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            max_grad_norm: o.max_grad_norm,
-        },
-        warmup_steps: 0,
-        score_batch_size: 64,
     })
 }

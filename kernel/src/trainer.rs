@@ -530,7 +530,8 @@ impl Trainer<'_> {
         Ok(report)
     }
 
-    /// Writes a complete checkpoint and moves `checkpoints/latest` to it; keeps the last two.
+    /// Writes a complete checkpoint and moves `checkpoints/latest` to it; keeps the last two
+    /// and the end of the warm start.
     async fn checkpoint(&mut self, state: &TrainerState) -> Result<()> {
         let dir = self.run.checkpoint_dir(state.global_step);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -588,9 +589,51 @@ fn prune_checkpoints(run: &RunDir, current: &std::path::Path, keep: usize) -> Re
     dirs.sort();
     let n = dirs.len();
     for d in dirs.into_iter().take(n.saturating_sub(keep)) {
-        if d != current {
+        if d != current && !is_warm_start_end(&d) {
             std::fs::remove_dir_all(&d).map_err(|e| Error::io(&d, e))?;
         }
     }
     Ok(())
+}
+
+/// The checkpoint written when the warm start ended (RL phase, no RL step yet) is kept for
+/// good, so the warm-started policy can be evaluated next to the final one.
+fn is_warm_start_end(dir: &std::path::Path) -> bool {
+    RunDir::load_state(dir).is_ok_and(|s| s.phase == Phase::Rl && s.rl_steps == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pruning_keeps_the_newest_two_and_the_end_of_the_warm_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path()).unwrap();
+        let states = [
+            (10, Phase::WarmStart, 0),
+            (20, Phase::Rl, 0),
+            (30, Phase::Rl, 5),
+            (40, Phase::Rl, 10),
+            (50, Phase::Rl, 15),
+        ];
+        for (step, phase, rl_steps) in states {
+            let dir = run.checkpoint_dir(step);
+            std::fs::create_dir_all(&dir).unwrap();
+            let state = TrainerState {
+                phase,
+                rl_steps,
+                global_step: step,
+                ..Default::default()
+            };
+            run.save_state(&dir, &state).unwrap();
+        }
+        prune_checkpoints(&run, &run.checkpoint_dir(50), 2).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(run.root.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["step-000020", "step-000040", "step-000050"]);
+    }
 }

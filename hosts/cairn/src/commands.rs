@@ -179,8 +179,8 @@ mod with_torch {
 
     use super::read;
     use crate::progress::Progress;
-    use crate::setup;
     use crate::DEFAULT_CONFIG;
+    use cairn::setup;
 
     /// The algorithm plugin, shared by the rollout and optimizer actors.
     type SharedAlgorithm = Arc<Mutex<Box<dyn Algorithm>>>;
@@ -220,7 +220,6 @@ mod with_torch {
         let backend = setup::backend(config, tokenizer.vocab_size())?;
         let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
             Arc::new(Mutex::new(Box::new(plugins.algorithm)));
-        let r = &config.rollout;
         let env: Arc<dyn Environment> = plugins.env;
         let parts = PipelineParts {
             backend: Box::new(backend),
@@ -228,15 +227,7 @@ mod with_torch {
             algorithm: algorithm.clone(),
             builder,
             codec: Arc::new(tokenizer.clone()),
-            rollout: RolloutSettings {
-                seed: config.run.seed,
-                tasks_per_step: r.tasks_per_step,
-                group_size: r.group_size,
-                temperature: r.temperature,
-                top_p: r.top_p,
-                max_new_tokens: r.max_new_tokens,
-                max_turns: r.max_turns,
-            },
+            rollout: RolloutSettings::from_config(config),
             reward: config.reward.clone(),
             objective: config.objective.clone(),
             micro_batch_rows: config.optimizer.micro_batch_rows,

@@ -12,8 +12,6 @@ mod plot;
 mod progress;
 #[cfg(feature = "torch")]
 mod serve;
-#[cfg(feature = "torch")]
-mod setup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

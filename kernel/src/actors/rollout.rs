@@ -30,6 +30,22 @@ pub struct RolloutSettings {
     pub max_turns: u32,
 }
 
+impl RolloutSettings {
+    /// The settings of a pipeline config's `[run]` and `[rollout]`.
+    pub fn from_config(config: &crate::config::PipelineConfig) -> Self {
+        let r = &config.rollout;
+        RolloutSettings {
+            seed: config.run.seed,
+            tasks_per_step: r.tasks_per_step,
+            group_size: r.group_size,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            max_new_tokens: r.max_new_tokens,
+            max_turns: r.max_turns,
+        }
+    }
+}
+
 pub struct RolloutActor {
     pub env: Arc<dyn Environment>,
     pub builder: Arc<dyn PromptBuilder>,

@@ -25,7 +25,7 @@ use cairn_kernel::gateway::{
 use cairn_kernel::text::{ChatFormat, Tokenizer};
 use parking_lot::Mutex;
 
-use crate::setup;
+use cairn::setup;
 
 /// A running gateway.
 pub struct Started {
