@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use cairn_kernel::backend::Sequence;
+use cairn_kernel::backend::{OptimizerSettings, Sequence};
 use cairn_kernel::objective::ObjectiveConfig;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -75,16 +75,6 @@ pub struct ScoreInputs {
     pub temperature: f32,
 }
 
-/// AdamW settings as the inputs files spell them.
-#[derive(Clone, Debug, Deserialize)]
-pub struct OptimizerInputs {
-    pub lr: f64,
-    pub betas: (f64, f64),
-    pub eps: f64,
-    pub weight_decay: f64,
-    pub max_grad_norm: f64,
-}
-
 /// One GRPO update: every sequence trained on (mask all ones), per-token advantages and old
 /// log-probs, micro-batches of `micro_batch_rows` consecutive sequences.
 #[derive(Clone, Debug, Deserialize)]
@@ -96,7 +86,8 @@ pub struct TrainInputs {
     pub temperature: f32,
     /// Keys of the pipeline config's `[objective]` table.
     pub objective: ObjectiveConfig,
-    pub optimizer: OptimizerInputs,
+    /// AdamW settings, spelled as [`OptimizerSettings`]'s fields.
+    pub optimizer: OptimizerSettings,
 }
 
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {

@@ -125,18 +125,7 @@ fn score(spec: &Spec) -> Result<(Timing, Value, Value)> {
 
 fn train(spec: &Spec) -> Result<(Timing, Value, Value)> {
     let inputs: TrainInputs = read_json(&spec.inputs)?;
-    let o = &inputs.optimizer;
-    let mut backend = backend(
-        spec,
-        1,
-        OptimizerSettings {
-            lr: o.lr,
-            betas: o.betas,
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            max_grad_norm: o.max_grad_norm,
-        },
-    )?;
+    let mut backend = backend(spec, 1, inputs.optimizer.clone())?;
     inputs.objective.validate()?;
     let sequences: Vec<Sequence> = inputs.sequences.iter().map(|p| p.sequence()).collect();
     let rows: Vec<ObjectiveRow> = sequences

@@ -249,6 +249,19 @@ pub struct OptimizerConfig {
     pub updates_per_batch: usize,
 }
 
+impl OptimizerConfig {
+    /// The AdamW settings of the RL phase.
+    pub fn settings(&self) -> crate::backend::OptimizerSettings {
+        crate::backend::OptimizerSettings {
+            lr: self.lr,
+            betas: self.betas,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            max_grad_norm: self.max_grad_norm,
+        }
+    }
+}
+
 fn default_betas() -> (f64, f64) {
     (0.9, 0.999)
 }

@@ -154,7 +154,7 @@ impl Trainer<'_> {
             ask(&self.pipeline.policy, SnapshotReference).await??;
             ask(
                 &self.pipeline.policy,
-                ConfigureOptimizer(self.rl_optimizer()),
+                ConfigureOptimizer(self.config.optimizer.settings()),
             )
             .await??;
             state.phase = Phase::Rl;
@@ -186,17 +186,6 @@ impl Trainer<'_> {
         Ok(summary)
     }
 
-    fn rl_optimizer(&self) -> OptimizerSettings {
-        let o = &self.config.optimizer;
-        OptimizerSettings {
-            lr: o.lr,
-            betas: o.betas,
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            max_grad_norm: o.max_grad_norm,
-        }
-    }
-
     async fn warm_start(&mut self, state: &mut TrainerState, summary: &mut Summary) -> Result<()> {
         let Some(ws) = self.config.warm_start.clone() else {
             let report = self.evaluate("initial", state).await?;
@@ -225,7 +214,7 @@ impl Trainer<'_> {
         if state.warm_start_epochs == 0 {
             let settings = OptimizerSettings {
                 lr: ws.lr,
-                ..self.rl_optimizer()
+                ..self.config.optimizer.settings()
             };
             ask(&self.pipeline.policy, ConfigureOptimizer(settings)).await??;
         }

@@ -51,6 +51,15 @@ impl PluginError {
     pub fn config(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Config, message)
     }
+    /// `Ok(())` when `ok`, otherwise a config error with `message` (which should name the key,
+    /// its value and the accepted range): the building block of a config's `validate`.
+    pub fn check_config(ok: bool, message: impl Into<String>) -> Result<(), PluginError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Self::config(message))
+        }
+    }
     pub fn input(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Input, message)
     }

@@ -1,9 +1,12 @@
 //! The PNG of a run's curves, drawn from `metrics.jsonl` and `eval.jsonl` at the end of a run
 //! (and by `cairn plot RUN_DIR`).
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use serde_json::Value;
@@ -86,6 +89,30 @@ fn range(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One titled panel of the run figure: axes over `x` (steps) × `y`, with its mesh drawn.
+fn panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    title: &str,
+    x: Range<f64>,
+    y: Range<f64>,
+) -> Result<Chart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x, y)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .label_style(("sans-serif", 13))
+        .draw()?;
+    Ok(chart)
+}
+
 /// Draws `<run_dir>/curves.png` and returns its path.
 pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
     // Registering twice is harmless: the registry is keyed by family and style.
@@ -110,17 +137,7 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
             .collect();
         let (x0, x1) = range(points.iter().map(|p| p.0));
         let (y0, y1) = range(points.iter().map(|p| p.1));
-        let mut chart = ChartBuilder::on(area)
-            .caption(*title, ("sans-serif", 20))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .label_style(("sans-serif", 13))
-            .draw()?;
+        let mut chart = panel(area, title, x0..x1, y0..y1)?;
         chart.draw_series(LineSeries::new(
             points.iter().copied(),
             BLUE.stroke_width(2),
@@ -131,17 +148,12 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
     {
         let (x0, x1) = range(series.sft.iter().map(|p| p.0));
         let (y0, y1) = range(series.sft.iter().map(|p| p.1));
-        let mut chart = ChartBuilder::on(&sft_area)
-            .caption("warm start: SFT loss (nats/token)", ("sans-serif", 20))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .label_style(("sans-serif", 13))
-            .draw()?;
+        let mut chart = panel(
+            &sft_area,
+            "warm start: SFT loss (nats/token)",
+            x0..x1,
+            y0..y1,
+        )?;
         chart.draw_series(LineSeries::new(
             series.sft.iter().copied(),
             RED.stroke_width(2),
@@ -151,17 +163,7 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
         let (x0, x1) = range(series.evals.iter().map(|p| p.0));
         // Room on the right for the last point's label.
         let x1 = x1 + (x1 - x0) * 0.25;
-        let mut chart = ChartBuilder::on(&eval_area)
-            .caption("held-out success rate", ("sans-serif", 20))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, 0.0..1.05)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .label_style(("sans-serif", 13))
-            .draw()?;
+        let mut chart = panel(&eval_area, "held-out success rate", x0..x1, 0.0..1.05)?;
         let pts: Vec<(f64, f64)> = series.evals.iter().map(|e| (e.0, e.1)).collect();
         chart.draw_series(LineSeries::new(pts.iter().copied(), GREEN.stroke_width(2)))?;
         chart.draw_series(series.evals.iter().map(|(x, y, label)| {
@@ -197,6 +199,20 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
         0.0
     };
     (m, s)
+}
+
+/// Window of the trailing mean applied to each run's training success before averaging seeds
+/// (one step's success is a rate over only `tasks_per_step × group_size` episodes).
+const SMOOTHING_STEPS: usize = 5;
+
+/// `out[i]` = mean of `xs[i + 1 - w ..= i]` (fewer at the start).
+fn trailing_mean(xs: &[f64], w: usize) -> Vec<f64> {
+    (0..xs.len())
+        .map(|i| {
+            let window = &xs[(i + 1).saturating_sub(w)..=i];
+            window.iter().sum::<f64>() / window.len() as f64
+        })
+        .collect()
 }
 
 /// The held-out success of a run's evaluation with `label`.
@@ -245,11 +261,12 @@ pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
             .runs
             .iter()
             .map(|r| {
-                Ok(load(r)?
+                let raw: Vec<f64> = load(r)?
                     .rl
                     .iter()
                     .filter_map(|(_, m)| m.get("success_rate").and_then(Value::as_f64))
-                    .collect())
+                    .collect();
+                Ok(trailing_mean(&raw, SMOOTHING_STEPS))
             })
             .collect::<Result<_>>()?;
         let steps = per_run.iter().map(Vec::len).min().unwrap_or(0);
@@ -267,7 +284,9 @@ pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
     let x1 = curves.iter().map(|(_, c)| c.len()).max().unwrap_or(1) as f64;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "training success rate per RL step (mean ± std over seeds)",
+            format!(
+                "training success rate per RL step ({SMOOTHING_STEPS}-step trailing mean; mean ± std over seeds)"
+            ),
             ("sans-serif", 22),
         )
         .margin(15)
@@ -309,4 +328,25 @@ pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
     root.present()
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailing_mean_averages_the_last_w_values() {
+        let got = trailing_mean(&[1.0, 3.0, 5.0, 7.0], 2);
+        assert_eq!(got, vec![1.0, 2.0, 4.0, 6.0]);
+        assert_eq!(trailing_mean(&[], 5), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn mean_std_uses_the_sample_std() {
+        let (m, s) = mean_std(&[0.5, 0.6, 0.7]);
+        assert!((m - 0.6).abs() < 1e-12);
+        assert!((s - 0.1).abs() < 1e-12, "{s}");
+        assert_eq!(mean_std(&[0.3]), (0.3, 0.0));
+        assert!(mean_std(&[]).0.is_nan());
+    }
 }

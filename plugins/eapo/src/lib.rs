@@ -80,13 +80,7 @@ impl Default for EapoConfig {
 impl EapoConfig {
     /// Rejects invalid values, naming the key.
     pub fn validate(&self) -> Result<()> {
-        let check = |ok: bool, message: String| {
-            if ok {
-                Ok(())
-            } else {
-                Err(PluginError::config(message))
-            }
-        };
+        let check = PluginError::check_config;
         check(
             self.tool_free_slots >= 1,
             "`tool_free_slots` = 0: EAPO needs at least one tool-free rollout per group to measure \

@@ -101,13 +101,7 @@ impl Default for EfcaConfig {
 impl EfcaConfig {
     /// Rejects invalid values and contradictory combinations, naming the key.
     pub fn validate(&self) -> Result<()> {
-        let check = |ok: bool, message: String| {
-            if ok {
-                Ok(())
-            } else {
-                Err(PluginError::config(message))
-            }
-        };
+        let check = PluginError::check_config;
         for (key, v) in [
             ("feedback_weight", self.feedback_weight),
             ("history_weight", self.history_weight),

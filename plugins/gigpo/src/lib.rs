@@ -90,13 +90,7 @@ const DEFAULT_THRESHOLD: f64 = 0.95;
 impl GigpoConfig {
     /// Rejects invalid values and contradictory combinations, naming the key.
     pub fn validate(&self) -> Result<()> {
-        let bad = |ok: bool, message: String| {
-            if ok {
-                Ok(())
-            } else {
-                Err(PluginError::config(message))
-            }
-        };
+        let bad = PluginError::check_config;
         bad(
             self.omega.is_finite() && self.omega >= 0.0,
             format!(
