@@ -348,11 +348,20 @@ impl PipelineConfig {
 
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Config {
+                file: path.display().to_string(),
+                message: "no such config file; `cairn config > pipeline.toml` writes the default \
+                          pipeline to start from"
+                    .into(),
+            },
+            _ => Error::io(path, e),
+        })?;
         Self::parse(&text, &path.display().to_string())
     }
 
-    fn error(&self, key: &str, message: impl std::fmt::Display) -> Error {
+    /// A config error naming this file, the dotted `key` and its line.
+    pub fn error(&self, key: &str, message: impl std::fmt::Display) -> Error {
         let line = self
             .line_of(key)
             .map(|l| format!(", line {l}"))
@@ -432,9 +441,22 @@ impl PipelineConfig {
                 ));
             }
         }
-        self.objective
-            .validate()
-            .map_err(|e| self.error("objective", e))?;
+        self.objective.validate().map_err(|e| match e {
+            // Each objective message starts with the key it is about.
+            Error::Config { message, .. } => {
+                let key: String = message
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let key = if key.is_empty() {
+                    "objective".to_string()
+                } else {
+                    format!("objective.{key}")
+                };
+                self.error(&key, message)
+            }
+            other => other,
+        })?;
         self.validate_source()
     }
 
@@ -543,7 +565,8 @@ impl PipelineConfig {
             self.error(
                 "algorithm.plugin",
                 format!(
-                    "algorithm `{algo}` needs {what}, but environment `{env}` provides none;                      pick an environment that does, or another algorithm"
+                    "algorithm `{algo}` needs {what}, but environment `{env}` provides none; \
+                     pick an environment that does, or another algorithm"
                 ),
             )
         };
@@ -565,6 +588,18 @@ impl PipelineConfig {
                 "rollout.group_size",
                 format!(
                     "algorithm `{algo}` needs groups of at least {min}; raise it to {min} or more"
+                ),
+            ));
+        }
+        // The gateway source has no environment plugin: the harness evaluates.
+        let held_out = environment.test_tasks;
+        let tasks = self.eval.tasks as u64;
+        if self.environment.is_some() && !(1..=held_out).contains(&tasks) {
+            return Err(self.error(
+                "eval.tasks",
+                format!(
+                    "{tasks} held-out tasks asked, but environment `{env}` has {held_out}; set it \
+                     between 1 and {held_out}"
                 ),
             ));
         }
@@ -604,10 +639,11 @@ impl PipelineConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    /// A small valid pipeline config (also used by `run.rs` tests).
+    pub(crate) const MINIMAL: &str = r#"
 [run]
 dir = "runs/t"
 seed = 1
@@ -745,6 +781,7 @@ tasks = 4
         );
         let ok = cairn_plugin_sdk::EnvironmentInfo {
             anchor_keys: true,
+            test_tasks: 500,
             ..Default::default()
         };
         let needs = cairn_plugin_sdk::Requirements {
@@ -752,6 +789,41 @@ tasks = 4
             ..Default::default()
         };
         assert!(c.check_requirements(&needs, &ok).is_ok());
+    }
+
+    #[test]
+    fn eval_tasks_must_fit_the_held_out_split() {
+        let needs = cairn_plugin_sdk::Requirements::default();
+        let env = cairn_plugin_sdk::EnvironmentInfo {
+            test_tasks: 50,
+            ..Default::default()
+        };
+        for tasks in ["0", "51"] {
+            let text = MINIMAL.replace("tasks = 4", &format!("tasks = {tasks}"));
+            let c = PipelineConfig::parse(&text, "test.toml").unwrap();
+            let e = c.check_requirements(&needs, &env).unwrap_err().to_string();
+            assert!(
+                e.contains("`eval.tasks`") && e.contains("between 1 and 50"),
+                "{e}"
+            );
+        }
+        let text = MINIMAL.replace("tasks = 4", "tasks = 50");
+        let c = PipelineConfig::parse(&text, "test.toml").unwrap();
+        assert!(c.check_requirements(&needs, &env).is_ok());
+    }
+
+    #[test]
+    fn objective_errors_name_the_objective_key_and_its_line() {
+        let text =
+            format!("{MINIMAL}\n[objective]\naggregation = \"token-mean\"\nclip_low = -0.2\n");
+        let e = err(&text);
+        assert!(e.contains("`objective.clip_low`, line"), "{e}");
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("clip_low"))
+            .unwrap()
+            + 1;
+        assert!(e.contains(&format!("line {line}:")), "{e}");
     }
 
     #[test]

@@ -88,6 +88,27 @@ pub struct StepRecord {
     pub values: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Appends `key: old → new` for every leaf where `old` and `new` differ (objects recursed).
+fn diff_keys(key: &str, old: &serde_json::Value, new: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();
+            names.sort();
+            names.dedup();
+            for name in names {
+                let (x, y) = (
+                    a.get(name).unwrap_or(&Value::Null),
+                    b.get(name).unwrap_or(&Value::Null),
+                );
+                diff_keys(&format!("{key}.{name}"), x, y, out);
+            }
+        }
+        (a, b) if a != b => out.push(format!("{key}: {a} → {b}")),
+        _ => {}
+    }
+}
+
 /// A run directory.
 #[derive(Clone, Debug)]
 pub struct RunDir {
@@ -115,6 +136,52 @@ impl RunDir {
         self.root
             .join("checkpoints")
             .join(format!("step-{global_step:06}"))
+    }
+
+    /// Before resuming: refuses a config whose model (`model.path` or `[model.scratch]`)
+    /// differs from the one this run's checkpoints were written with (`<run>/config.toml`),
+    /// listing the keys that differ. Other changes (more steps, another device) are allowed.
+    /// A run without a checkpoint, or whose saved config does not parse, is not checked.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the config file and saying to pass `--no-resume` or another
+    /// `--run-dir`.
+    pub fn check_resumable(&self, config: &crate::config::PipelineConfig) -> Result<()> {
+        if self.latest_checkpoint()?.is_none() {
+            return Ok(());
+        }
+        let path = self.root.join("config.toml");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(());
+        };
+        let saved = toml::from_str::<toml::Table>(&text)
+            .ok()
+            .and_then(|t| t.get("model").cloned())
+            .and_then(|m| m.try_into::<crate::config::ModelConfig>().ok());
+        let Some(saved) = saved else {
+            return Ok(());
+        };
+        let identity = |m: &crate::config::ModelConfig| serde_json::json!({ "path": m.path, "scratch": m.scratch });
+        let mut differ = Vec::new();
+        diff_keys(
+            "model",
+            &identity(&saved),
+            &identity(&config.model),
+            &mut differ,
+        );
+        if differ.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Config {
+            file: config.source.clone(),
+            message: format!(
+                "key `model`: run directory {} holds checkpoints of another model ({}), which \
+                 cannot load into this one; pass --no-resume to start that run over, or \
+                 --run-dir to start a new run elsewhere",
+                self.root.display(),
+                differ.join(", ")
+            ),
+        })
     }
 
     /// The newest complete checkpoint, if any.
@@ -240,6 +307,36 @@ mod tests {
         run.mark_latest(&dir).unwrap();
         let found = run.latest_checkpoint().unwrap().unwrap();
         assert_eq!(RunDir::load_state(&found).unwrap(), state);
+    }
+
+    #[test]
+    fn resuming_with_another_model_is_refused_with_the_keys_that_differ() {
+        use crate::config::{tests::MINIMAL, PipelineConfig};
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path()).unwrap();
+        std::fs::write(tmp.path().join("config.toml"), MINIMAL).unwrap();
+        let other = MINIMAL.replace("hidden_size = 32", "hidden_size = 64");
+        let other = PipelineConfig::parse(&other, "new.toml").unwrap();
+        // No checkpoint yet: nothing to protect.
+        run.check_resumable(&other).unwrap();
+
+        let dir = run.checkpoint_dir(1);
+        std::fs::create_dir_all(&dir).unwrap();
+        run.save_state(&dir, &TrainerState::default()).unwrap();
+        run.mark_latest(&dir).unwrap();
+        let e = run.check_resumable(&other).unwrap_err().to_string();
+        assert!(
+            e.contains("new.toml")
+                && e.contains("model.scratch.hidden_size: 32 → 64")
+                && e.contains("--no-resume"),
+            "{e}"
+        );
+        // More steps and another device are fine.
+        let same = MINIMAL
+            .replace("steps = 2", "steps = 9")
+            .replace("[model]\n", "[model]\ndevice = \"auto\"\n");
+        let same = PipelineConfig::parse(&same, "same.toml").unwrap();
+        run.check_resumable(&same).unwrap();
     }
 
     #[test]

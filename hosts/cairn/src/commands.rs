@@ -198,20 +198,22 @@ mod with_torch {
         run: &RunDir,
         source: TokenizerSource,
     ) -> Result<(PipelineParts, SharedAlgorithm)> {
-        parts_and_tokenizer(config, run, source).map(|(parts, algorithm, _)| (parts, algorithm))
+        let plugins = setup::plugins(config)?;
+        parts_and_tokenizer(config, run, plugins, source)
+            .map(|(parts, algorithm, _)| (parts, algorithm))
     }
 
     /// The pipeline's parts and its tokenizer (the gateway renders prompts with it).
     fn parts_and_tokenizer(
         config: &PipelineConfig,
         run: &RunDir,
+        plugins: setup::Plugins,
         source: TokenizerSource,
     ) -> Result<(
         PipelineParts,
         SharedAlgorithm,
         cairn_kernel::text::Tokenizer,
     )> {
-        let plugins = setup::plugins(config)?;
         let tokenizer = match source {
             TokenizerSource::Training => setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
             TokenizerSource::Run => setup::run_tokenizer(config, &run.root)?,
@@ -269,10 +271,15 @@ mod with_torch {
             config.run.resume = false;
         }
         let started = std::time::Instant::now();
+        // Plugins first: a missing or broken one is reported before anything is written.
+        let plugins = setup::plugins(&config)?;
         let run = RunDir::create(&config.run.dir)?;
         eprintln!("run directory: {}", run.root.display());
+        if config.run.resume {
+            run.check_resumable(&config)?;
+        }
         let (parts, algorithm, tokenizer) =
-            parts_and_tokenizer(&config, &run, TokenizerSource::Training)?;
+            parts_and_tokenizer(&config, &run, plugins, TokenizerSource::Training)?;
         let mut progress = Progress::default();
         let summary: Summary = actix::System::new().block_on(async {
             let mut pipeline = actors::start(parts);
@@ -349,10 +356,16 @@ mod with_torch {
         temperature: Option<f32>,
         record: Option<&Path>,
     ) -> Result<()> {
-        let policy_dir = checkpoint.join("policy");
-        if !policy_dir.is_dir() {
-            bail!("{}: no `policy/` directory; give a checkpoint directory `<run>/checkpoints/step-NNNNNN`", checkpoint.display());
+        let policy_dir = setup::checkpoint_policy(checkpoint)?;
+        if tasks == Some(0) {
+            bail!("--tasks 0: evaluate at least one held-out task");
         }
+        // Fail on an unwritable --record path now, not after the evaluation.
+        let record_file = record
+            .map(|path| {
+                std::fs::File::create(path).with_context(|| format!("--record {}", path.display()))
+            })
+            .transpose()?;
         // The run directory holds the config and (scratch models) the tokenizer: the
         // checkpoint's own run, or the one the given config names.
         let (config, run_root) = match config_path {
@@ -371,6 +384,14 @@ mod with_torch {
         parts.backend.load(&policy_dir)?;
         let version = parts.backend.policy_version();
         let tasks = tasks.unwrap_or(config.eval.tasks);
+        let held_out = parts.env.info().test_tasks as usize;
+        if !(1..=held_out).contains(&tasks) {
+            bail!(
+                "--tasks {tasks}: environment `{}` has {held_out} held-out tasks; ask for 1 to \
+                 {held_out}",
+                config.environment_name()
+            );
+        }
         let temperature = temperature.unwrap_or(config.eval.temperature);
         let seed = cairn_kernel::rollout::mix(config.run.seed, 0xE7A1);
         let report = actix::System::new().block_on(async {
@@ -388,12 +409,12 @@ mod with_torch {
                 .map_err(anyhow::Error::from)
         })?;
         println!("{}", serde_json::to_string_pretty(&report)?);
-        if let Some(path) = record {
+        if let (Some(path), Some(mut file)) = (record, record_file) {
             let batch = cairn_plugin_sdk::Batch {
                 step: 0,
                 rows: report.rows.clone(),
             };
-            std::fs::write(path, serde_json::to_string(&batch)?)
+            std::io::Write::write_all(&mut file, serde_json::to_string(&batch)?.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         eprintln!(

@@ -36,6 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a training pipeline (the embedded default when CONFIG is omitted).
+    #[command(allow_negative_numbers = true)]
     Train {
         /// Pipeline config (TOML). Default: the embedded `examples/household-grpo.toml`.
         config: Option<PathBuf>,
@@ -50,6 +51,7 @@ enum Command {
         no_resume: bool,
     },
     /// Evaluate a checkpoint on held-out tasks.
+    #[command(allow_negative_numbers = true)]
     Eval {
         /// A checkpoint directory (`<run>/checkpoints/step-NNNNNN`).
         checkpoint: PathBuf,
@@ -88,6 +90,7 @@ enum Command {
     },
     /// Compute the loss, its gradient w.r.t. the current log-probs, and the metrics, from the
     /// log-probs given in a batch file, without a model.
+    #[command(allow_negative_numbers = true)]
     Loss {
         /// A loss input file (see docs/algorithms/loss-tool.md).
         #[arg(long)]
@@ -140,6 +143,7 @@ enum Command {
     Config,
     /// Print the per-token log-probs of responses under a model, as JSON.
     #[cfg(feature = "torch")]
+    #[command(allow_negative_numbers = true)]
     Logprobs {
         /// A Hugging Face model directory.
         model_dir: PathBuf,
@@ -172,6 +176,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -46,7 +46,26 @@ fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
         .collect()
 }
 
+/// Checks that `run_dir` is a run directory (it has `metrics.jsonl` or `eval.jsonl`).
+fn check_run_dir(run_dir: &Path) -> Result<()> {
+    if !run_dir.is_dir() {
+        anyhow::bail!(
+            "{}: no such directory; give a run directory (the `run.dir` of a training run)",
+            run_dir.display()
+        );
+    }
+    if !run_dir.join("metrics.jsonl").is_file() && !run_dir.join("eval.jsonl").is_file() {
+        anyhow::bail!(
+            "{}: not a run directory (no metrics.jsonl or eval.jsonl); give the `run.dir` of a \
+             training run",
+            run_dir.display()
+        );
+    }
+    Ok(())
+}
+
 fn load(run_dir: &Path) -> Result<Series> {
+    check_run_dir(run_dir)?;
     let mut s = Series {
         rl: Vec::new(),
         sft: Vec::new(),
@@ -217,12 +236,18 @@ fn trailing_mean(xs: &[f64], w: usize) -> Vec<f64> {
 
 /// The held-out success of a run's evaluation with `label`.
 fn eval_rate(run: &Path, label: &str) -> Result<f64> {
+    check_run_dir(run)?;
     read_jsonl(&run.join("eval.jsonl"))?
         .iter()
         .rev()
         .find(|e| e.get("label").and_then(Value::as_str) == Some(label))
         .and_then(|e| e.get("success_rate").and_then(Value::as_f64))
-        .with_context(|| format!("{}: no `{label}` evaluation in eval.jsonl", run.display()))
+        .with_context(|| {
+            format!(
+                "{}: no `{label}` evaluation in eval.jsonl (is the run finished?)",
+                run.display()
+            )
+        })
 }
 
 /// Compares algorithms run with several seeds: writes a PNG of the mean training success

@@ -15,6 +15,27 @@ use cairn_plugin_sdk::foreign::ForeignAlgorithm;
 use cairn_plugin_sdk::{Environment, ErrorKind, PluginError};
 use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
 
+/// The `policy/` directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`), checked to
+/// exist before anything is built.
+pub fn checkpoint_policy(checkpoint: &Path) -> Result<PathBuf> {
+    if !checkpoint.exists() {
+        anyhow::bail!(
+            "checkpoint {} does not exist; checkpoints are the `step-NNNNNN` directories of \
+             `<run>/checkpoints/` (`checkpoints/latest` names the newest)",
+            checkpoint.display()
+        );
+    }
+    let policy = checkpoint.join("policy");
+    if !policy.is_dir() {
+        anyhow::bail!(
+            "{}: no `policy/` directory, so not a checkpoint; give a checkpoint directory \
+             `<run>/checkpoints/step-NNNNNN`",
+            checkpoint.display()
+        );
+    }
+    Ok(policy)
+}
+
 /// The plugin directories of a config: `plugins.dirs`, or the defaults.
 pub fn plugin_dirs(config: &PipelineConfig) -> Vec<PathBuf> {
     if config.plugins.dirs.is_empty() {
@@ -60,7 +81,8 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
     let (env, info): (Arc<dyn Environment>, _) = match &config.environment {
         Some(section) => {
             let env = registry
-                .environment(env_name)?
+                .environment(env_name)
+                .map_err(|e| config.error("environment.plugin", e))?
                 .create_environment(&section.config_json())
                 .map_err(|e| plugin_error(config, "environment", env_name, e))?;
             let info = env
@@ -71,7 +93,8 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
         None => (Arc::new(HarnessEnvironment), HarnessEnvironment.info()),
     };
     let algorithm = registry
-        .algorithm(algo_name)?
+        .algorithm(algo_name)
+        .map_err(|e| config.error("algorithm.plugin", e))?
         .create_algorithm(&config.algorithm.config_json())
         .map_err(|e| plugin_error(config, "algorithm", algo_name, e))?;
     let requirements = algorithm

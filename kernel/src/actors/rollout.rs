@@ -204,7 +204,13 @@ pub struct EvalReport {
 impl Handler<Evaluate> for RolloutActor {
     type Result = Result<EvalReport>;
     fn handle(&mut self, msg: Evaluate, _: &mut Self::Context) -> Self::Result {
-        let n = msg.tasks.min(self.test_tasks as usize);
+        if msg.tasks == 0 || msg.tasks as u64 > self.test_tasks {
+            return Err(Error::Other(format!(
+                "evaluation of {} held-out tasks asked; the environment has {} (ask for 1 to {})",
+                msg.tasks, self.test_tasks, self.test_tasks
+            )));
+        }
+        let n = msg.tasks;
         let mut specs = Vec::with_capacity(n);
         let mut kinds = Vec::with_capacity(n);
         for i in 0..n {

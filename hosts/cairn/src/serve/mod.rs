@@ -115,6 +115,7 @@ pub fn serve(
     record: Option<PathBuf>,
 ) -> Result<()> {
     let config = PipelineConfig::load(config_path)?;
+    let policy_dir = checkpoint.map(setup::checkpoint_policy).transpose()?;
     let gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
     let tokenizer = match checkpoint {
         Some(_) => setup::run_tokenizer(&config, &config.run.dir)?,
@@ -126,8 +127,8 @@ pub fn serve(
         }
     };
     let mut backend = setup::backend(&config, tokenizer.vocab_size())?;
-    if let Some(dir) = checkpoint {
-        backend.load(&dir.join("policy"))?;
+    if let Some(dir) = &policy_dir {
+        backend.load(dir)?;
     }
     let bind = bind.unwrap_or_else(|| gateway_config.bind.clone());
     actix::System::new().block_on(async move {

@@ -33,6 +33,14 @@ fn config_keys_are_named_with_file_and_line() {
         "{e}"
     );
 
+    let out = cairn(&["train", tmp.path().join("absent.toml").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = stderr(&out);
+    assert!(
+        e.contains("absent.toml") && e.contains("cairn config"),
+        "{e}"
+    );
+
     let e = train_error(tmp.path(), &base.replace("seed = 3\n", ""));
     assert!(e.contains("missing field `seed`"), "{e}");
 
@@ -49,7 +57,11 @@ fn config_keys_are_named_with_file_and_line() {
         tmp.path(),
         &base.replace("[optimizer]", "[objective]\nclip_low = -0.1\n\n[optimizer]"),
     );
-    assert!(e.contains("clip_low") && e.contains("objective"), "{e}");
+    let line = base.lines().position(|l| l == "[optimizer]").unwrap() + 2;
+    assert!(
+        e.contains(&format!("`objective.clip_low`, line {line}")),
+        "{e}"
+    );
 
     let e = train_error(
         tmp.path(),
@@ -71,9 +83,13 @@ fn missing_plugins_and_unmet_needs_are_named() {
         &base.replace("plugin = \"grpo\"", "plugin = \"nope\""),
     );
     assert!(
-        e.contains("no algorithm plugin named `nope`") && e.contains("grpo"),
+        e.contains("no algorithm plugin named `nope`")
+            && e.contains("grpo")
+            && e.contains("`algorithm.plugin`, line 12"),
         "{e}"
     );
+    // Nothing is written before the plugins are found.
+    assert!(!tmp.path().join("run").exists());
 
     // eapo disables tools for some slots; the household has no tools.
     let e = train_error(
@@ -171,6 +187,53 @@ fn checkpoints_with_missing_or_misshapen_tensors_are_refused_by_name() {
     let out = cairn(&["eval", tmp.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("checkpoint"), "{}", stderr(&out));
+
+    // Wrong arguments around a good checkpoint fail before any evaluation, by name.
+    let good = good.to_str().unwrap();
+    let gone = run.join("checkpoints/step-999999");
+    let no_dir = tmp.path().join("no/such/dir/x.json");
+    let cases: [(Vec<&str>, &str); 5] = [
+        (vec!["eval", gone.to_str().unwrap()], "does not exist"),
+        (vec!["eval", good, "--tasks", "0"], "at least one"),
+        (vec!["eval", good, "--tasks", "100000"], "ask for 1 to"),
+        (vec!["eval", good, "--temperature", "-1"], "temperature"),
+        (
+            vec!["eval", good, "--record", no_dir.to_str().unwrap()],
+            "--record",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = cairn(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+
+    // Resuming this run with another model names the difference and the way out.
+    let other = tiny_config(&run, 1).replace("hidden_size = 32", "hidden_size = 64");
+    let e = train_error(tmp.path(), &other);
+    assert!(
+        e.contains("model.scratch.hidden_size: 32 → 64") && e.contains("--no-resume"),
+        "{e}"
+    );
+
+    // Run-directory tools on directories that are not runs.
+    for args in [
+        vec!["plot", tmp.path().to_str().unwrap()],
+        vec!["compare", "a=/nonexistent-run"],
+    ] {
+        let out = cairn(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let e = stderr(&out);
+        assert!(
+            e.contains("not a run directory") || e.contains("no such directory"),
+            "{args:?}: {e}"
+        );
+    }
+    assert!(!tmp.path().join("curves.png").exists());
 }
 
 fn copy_dir(from: &Path, to: &Path) {
