@@ -130,6 +130,13 @@ impl Trainer<'_> {
                     dir.display(),
                     state.global_step
                 )));
+                if state.phase == Phase::Done {
+                    self.emit(Event::Note(format!(
+                        "the run is already finished ({}/{} RL steps): nothing to train; raise \
+                         run.steps (or --steps) to continue it, or pass --no-resume to start over",
+                        state.rl_steps, self.config.run.steps
+                    )));
+                }
                 summary.resumed_from = Some(dir);
             }
             _ => {

@@ -360,6 +360,9 @@ mod with_torch {
         if tasks == Some(0) {
             bail!("--tasks 0: evaluate at least one held-out task");
         }
+        if let Some(t) = temperature.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+            bail!("--temperature {t}: must be a finite number ≥ 0 (0 is greedy)");
+        }
         // Fail on an unwritable --record path now, not after the evaluation.
         let record_file = record
             .map(|path| {

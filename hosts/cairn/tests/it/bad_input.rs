@@ -196,7 +196,10 @@ fn checkpoints_with_missing_or_misshapen_tensors_are_refused_by_name() {
         (vec!["eval", gone.to_str().unwrap()], "does not exist"),
         (vec!["eval", good, "--tasks", "0"], "at least one"),
         (vec!["eval", good, "--tasks", "100000"], "ask for 1 to"),
-        (vec!["eval", good, "--temperature", "-1"], "temperature"),
+        (
+            vec!["eval", good, "--temperature", "-1"],
+            "--temperature -1: must be",
+        ),
         (
             vec!["eval", good, "--record", no_dir.to_str().unwrap()],
             "--record",
