@@ -151,6 +151,19 @@ pub fn default_dirs(exe: Option<&Path>, env_dirs: Option<&str>) -> Vec<PathBuf> 
     dirs
 }
 
+/// `configured` (a config's `plugins.dirs` or a `--dir` list) when non-empty, else
+/// [`default_dirs`] of this process (its executable and `$CAIRN_PLUGIN_DIR`).
+pub fn dirs_or_default(configured: &[PathBuf]) -> Vec<PathBuf> {
+    if !configured.is_empty() {
+        return configured.to_vec();
+    }
+    let exe = std::env::current_exe().ok();
+    default_dirs(
+        exe.as_deref(),
+        std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

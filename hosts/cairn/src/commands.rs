@@ -5,20 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use cairn_kernel::objective::tools::{run_loss, run_signals, LossToolInput};
 use cairn_kernel::objective::ObjectiveConfig;
-use cairn_kernel::plugins::{default_dirs, PluginRegistry};
+use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
 use cairn_plugin_sdk::Batch;
-
-fn dirs_or_default(dirs: &[PathBuf]) -> Vec<PathBuf> {
-    if dirs.is_empty() {
-        let exe = std::env::current_exe().ok();
-        default_dirs(
-            exe.as_deref(),
-            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
-        )
-    } else {
-        dirs.to_vec()
-    }
-}
 
 /// `cairn compare LABEL=RUN_DIR ...`.
 pub fn compare(pairs: &[String], out: &Path) -> Result<()> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use cairn_kernel::config::{PipelineConfig, PromptFormat};
 use cairn_kernel::gateway::HarnessEnvironment;
-use cairn_kernel::plugins::{default_dirs, PluginRegistry};
+use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
 use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_plugin_sdk::foreign::ForeignAlgorithm;
@@ -36,19 +36,6 @@ pub fn checkpoint_policy(checkpoint: &Path) -> Result<PathBuf> {
     Ok(policy)
 }
 
-/// The plugin directories of a config: `plugins.dirs`, or the defaults.
-pub fn plugin_dirs(config: &PipelineConfig) -> Vec<PathBuf> {
-    if config.plugins.dirs.is_empty() {
-        let exe = std::env::current_exe().ok();
-        default_dirs(
-            exe.as_deref(),
-            std::env::var("CAIRN_PLUGIN_DIR").ok().as_deref(),
-        )
-    } else {
-        config.plugins.dirs.clone()
-    }
-}
-
 /// Maps a plugin's error to a config error when it is about the config.
 fn plugin_error(
     config: &PipelineConfig,
@@ -73,7 +60,7 @@ pub struct Plugins {
 }
 
 pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
-    let registry = PluginRegistry::scan(&plugin_dirs(config))?;
+    let registry = PluginRegistry::scan(&dirs_or_default(&config.plugins.dirs))?;
     for failure in registry.failures() {
         tracing::warn!("{failure}");
     }
