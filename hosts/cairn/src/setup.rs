@@ -103,18 +103,13 @@ pub fn tokenizer(
     run_dir: &Path,
     env: &dyn Environment,
 ) -> Result<Tokenizer> {
-    if let Some(path) = &config.model.path {
-        return Ok(Tokenizer::from_dir(path)?);
-    }
-    let scratch = config
-        .model
-        .scratch
-        .as_ref()
-        .expect("config validation: path or scratch");
-    if let Some(given) = &scratch.tokenizer {
-        return Ok(Tokenizer::from_dir(given)?);
-    }
-    let dir = run_dir.join("tokenizer");
+    let dir = tokenizer_dir(config, run_dir);
+    // A model directory or a given tokenizer directory is loaded as is; a scratch model's
+    // tokenizer is trained once into the run directory, then reused.
+    let scratch = match &config.model.scratch {
+        Some(scratch) if scratch.tokenizer.is_none() && config.model.path.is_none() => scratch,
+        _ => return Ok(Tokenizer::from_dir(&dir)?),
+    };
     if dir.join("tokenizer.json").is_file() {
         return Ok(Tokenizer::from_dir(&dir)?);
     }
