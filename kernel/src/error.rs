@@ -86,6 +86,12 @@ impl Error {
     }
 }
 
+impl From<actix::MailboxError> for Error {
+    fn from(e: actix::MailboxError) -> Self {
+        Error::Mailbox(e.to_string())
+    }
+}
+
 fn line_suffix(line: &Option<usize>) -> String {
     line.map(|line| format!(", line {line}"))
         .unwrap_or_default()

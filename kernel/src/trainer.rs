@@ -88,9 +88,7 @@ where
     M: actix::Message + Send + 'static,
     M::Result: Send,
 {
-    addr.send(msg)
-        .await
-        .map_err(|e| Error::Mailbox(e.to_string()))
+    addr.send(msg).await.map_err(Error::from)
 }
 
 impl Trainer<'_> {
@@ -459,11 +457,7 @@ impl Trainer<'_> {
     /// finished episodes.
     async fn collect(&self, msg: CollectGroups) -> Result<crate::rollout::Rollouts> {
         match &self.pipeline.gateway {
-            Some(gateway) => gateway
-                .collect
-                .send(msg)
-                .await
-                .map_err(|e| Error::Mailbox(e.to_string()))?,
+            Some(gateway) => gateway.collect.send(msg).await.map_err(Error::from)?,
             None => ask(&self.pipeline.rollout, msg).await?,
         }
     }
@@ -477,18 +471,9 @@ impl Trainer<'_> {
         let Some(gateway) = &self.pipeline.gateway else {
             return ask(&self.pipeline.optimizer, Optimise { prepared }).await?;
         };
-        let mailbox = |e: actix::MailboxError| Error::Mailbox(e.to_string());
-        gateway
-            .pause
-            .send(crate::gateway::PauseSampling)
-            .await
-            .map_err(mailbox)?;
+        gateway.pause.send(crate::gateway::PauseSampling).await?;
         let optimised = ask(&self.pipeline.optimizer, Optimise { prepared }).await;
-        gateway
-            .resume
-            .send(crate::gateway::ResumeSampling)
-            .await
-            .map_err(mailbox)?;
+        gateway.resume.send(crate::gateway::ResumeSampling).await?;
         optimised?
     }
 

@@ -183,7 +183,7 @@ where
     M: Message + Send + 'static,
     M::Result: Send,
 {
-    futures::executor::block_on(recipient.send(msg)).map_err(|e| Error::Mailbox(e.to_string()))
+    futures::executor::block_on(recipient.send(msg)).map_err(Error::from)
 }
 
 /// Reset the optimizer with new hyper-parameters.
