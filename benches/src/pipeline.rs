@@ -116,6 +116,7 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
                 inner: NullBackend {
                     version: 0,
                     response,
+                    ..Default::default()
                 },
                 clock: clock.clone(),
             })
@@ -125,6 +126,8 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
             clock: clock.clone(),
         }),
     };
+    let mut optimizer = cairn_kernel::actors::optimizer::OptimizerSettings::from_config(&config);
+    optimizer.plugin_reads_reference = plugins.algorithm.requirements().ref_logprobs;
     let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
         Arc::new(Mutex::new(Box::new(TimedAlgorithm {
             inner: Box::new(plugins.algorithm),
@@ -138,15 +141,17 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
         backend,
         env,
         algorithm: algorithm.clone(),
+        algorithm_name: config.algorithm.label(),
         builder,
         codec: Arc::new(tokenizer),
         rollout: RolloutSettings::from_config(&config),
+        optimizer,
         reward: config.reward.clone(),
         objective: config.objective.clone(),
-        micro_batch_rows: config.optimizer.micro_batch_rows,
-        updates_per_batch: config.optimizer.updates_per_batch,
         record_dir: None,
-        bank_capacity: config.bank.capacity,
+        bank: cairn_kernel::bank::Bank::in_memory()?,
+        skills: config.skills.clone(),
+        skills_api_key: None,
     };
 
     let setup_rss = rss_kb().0;

@@ -96,6 +96,20 @@ impl<B: PolicyBackend> PolicyBackend for TimedBackend<B> {
         self.time(|b| b.score(sequences, temperature, weights))
     }
 
+    fn score_top_k(
+        &mut self,
+        sequences: &[Sequence],
+        temperature: f32,
+        weights: Weights,
+        top_k: u32,
+    ) -> cairn_kernel::Result<Vec<cairn_plugin_sdk::Scored>> {
+        self.time(|b| b.score_top_k(sequences, temperature, weights, top_k))
+    }
+
+    fn retain_versions(&mut self, n: usize) -> cairn_kernel::Result<()> {
+        self.time(|b| b.retain_versions(n))
+    }
+
     fn train_step(
         &mut self,
         sequences: &[Sequence],
@@ -154,9 +168,10 @@ impl Algorithm for TimedAlgorithm {
     fn plan_group(
         &mut self,
         request: &GroupRequest,
+        host: &dyn Host,
     ) -> cairn_plugin_sdk::Result<Vec<ContextVariant>> {
         let t = Instant::now();
-        let out = self.inner.plan_group(request);
+        let out = self.inner.plan_group(request, host);
         self.clock.add(t, |c, d| {
             c.algorithm += d;
             c.algorithm_calls += 1;
@@ -169,6 +184,34 @@ impl Algorithm for TimedAlgorithm {
     fn signals(&mut self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
         let t = Instant::now();
         let out = self.inner.signals(batch, host);
+        self.clock.add(t, |c, d| {
+            c.algorithm += d;
+            c.algorithm_calls += 1;
+        });
+        out
+    }
+
+    fn next_context(
+        &mut self,
+        request: &cairn_plugin_sdk::TurnContextRequest,
+        host: &dyn Host,
+    ) -> cairn_plugin_sdk::Result<cairn_plugin_sdk::TurnContext> {
+        let t = Instant::now();
+        let out = self.inner.next_context(request, host);
+        self.clock.add(t, |c, d| {
+            c.algorithm += d;
+            c.algorithm_calls += 1;
+        });
+        out
+    }
+
+    fn observe(
+        &mut self,
+        report: &cairn_plugin_sdk::StepReport,
+        host: &dyn Host,
+    ) -> cairn_plugin_sdk::Result<()> {
+        let t = Instant::now();
+        let out = self.inner.observe(report, host);
         self.clock.add(t, |c, d| {
             c.algorithm += d;
             c.algorithm_calls += 1;

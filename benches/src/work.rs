@@ -5,7 +5,7 @@
 //!   log-prob of every sampled token).
 //! - `score`: [`PolicyBackend::score`] with the live weights (the optimizer's `ℓ_old` pass and
 //!   the teacher re-scoring path).
-//! - `train`: [`RlLoss::new`] plus [`PolicyBackend::train_step`] (forward with grad per
+//! - `train`: [`RlLoss::from_rows`] plus [`PolicyBackend::train_step`] (forward with grad per
 //!   micro-batch, the objective's per-token weights, backward, clipping, AdamW), as the
 //!   optimizer actor runs it.
 //!
@@ -18,7 +18,8 @@ use std::path::Path;
 use anyhow::Result;
 use cairn_kernel::actors::optimizer::micro_batches;
 use cairn_kernel::backend::{OptimizerSettings, PolicyBackend, SamplingParams, Sequence, Weights};
-use cairn_kernel::objective::{ObjectiveRow, RlLoss};
+use cairn_kernel::objective::RlLoss;
+use cairn_plugin_sdk::{Signals, TurnRow};
 use cairn_torch::{BackendConfig, DeviceOption, Dtype, ModelSource, TorchBackend};
 use serde_json::{json, Value};
 
@@ -128,25 +129,34 @@ fn train(spec: &Spec) -> Result<(Timing, Value, Value)> {
     let mut backend = backend(spec, 1, inputs.optimizer.clone())?;
     inputs.objective.validate()?;
     let sequences: Vec<Sequence> = inputs.sequences.iter().map(|p| p.sequence()).collect();
-    let rows: Vec<ObjectiveRow> = sequences
+    // The step's rows as the optimizer sees them: ℓ_old on each row, advantages in the
+    // signals, every token trained.
+    let rows: Vec<TurnRow> = sequences
         .iter()
         .enumerate()
-        .map(|(i, s)| ObjectiveRow {
-            mask: vec![1; s.response_ids.len()],
-            advantages: inputs.advantages[i].clone(),
-            old_logp: inputs.old_logp[i].clone(),
-            ref_logp: None,
-            rollout_id: i as u64,
-            aux: Vec::new(),
+        .map(|(i, s)| TurnRow {
+            trajectory_id: i as u64,
+            prompt_ids: s.prompt_ids.clone(),
+            response_ids: s.response_ids.clone(),
+            response_logprobs: inputs.old_logp[i].clone(),
+            response_mask: vec![1; s.response_ids.len()],
+            old_logprobs: inputs.old_logp[i].clone(),
+            ..TurnRow::default()
         })
         .collect();
+    let row_refs: Vec<&TurnRow> = rows.iter().collect();
+    let signals = Signals {
+        advantages: inputs.advantages.clone(),
+        ..Signals::default()
+    };
+    let indices: Vec<usize> = (0..rows.len()).collect();
     let micro = micro_batches(sequences.len(), inputs.micro_batch_rows);
     let setup_rss = rss_kb().0;
     let mut losses = Vec::new();
     let (times, _) = timed(spec.warmup, spec.reps, || {
         // The optimizer actor builds the loss from the step's rows, then the policy actor
         // runs the step: both are part of one update.
-        let mut loss = RlLoss::new(&inputs.objective, rows.clone(), Vec::new())?;
+        let mut loss = RlLoss::from_rows(&inputs.objective, &row_refs, &signals, &indices)?;
         let report = backend.train_step(&sequences, &micro, inputs.temperature, &mut loss)?;
         losses.push(loss.report().loss);
         Ok(report)

@@ -8,10 +8,10 @@
 use std::ops::Range;
 use std::path::Path;
 
-use cairn_plugin_sdk::FinishReason;
+use cairn_plugin_sdk::{FinishReason, Scored};
 
-use crate::error::Result;
-use crate::loss::TokenLoss;
+use crate::error::{Error, Result};
+use crate::loss::{TeacherScores, TokenLoss, TokenScores};
 
 /// How to sample. `temperature` also applies when scoring for training, so the log-probs the
 /// trainer computes are those of the sampling distribution (trl #4159).
@@ -52,8 +52,24 @@ pub struct Sequence {
 pub enum Weights {
     /// The live policy.
     Current,
+    /// The policy as it was at this version: the live weights when it is the current
+    /// version, else one of the snapshots kept by [`PolicyBackend::retain_versions`]. A
+    /// version that is not kept is an error, never approximated.
+    Version(u64),
     /// The frozen reference policy (the weights at the start of RL).
     Reference,
+}
+
+/// The error for a [`Weights::Version`] the backend does not keep: names the version, the
+/// kept ones and what to change.
+pub fn version_unavailable(version: u64, current: u64, kept: &[u64], retained: usize) -> Error {
+    let kept: Vec<String> = kept.iter().map(u64::to_string).collect();
+    Error::Model(format!(
+        "policy version {version} is not kept: the live version is {current} and the backend \
+         keeps [{}] (retain_versions = {retained}); keep more versions (rollout.max_staleness + 1) \
+         or score with the current weights",
+        kept.join(", ")
+    ))
 }
 
 /// What one optimizer step did.
@@ -116,12 +132,46 @@ pub trait PolicyBackend: Send {
         weights: Weights,
     ) -> Result<Vec<Vec<f32>>>;
 
+    /// Like [`PolicyBackend::score`], plus the `top_k` most likely ids per response position
+    /// and their log-probs (full-vocabulary softmax at `temperature`), `[L·k]` row-major, most
+    /// likely first. A backend that cannot compute them refuses with an error; it never
+    /// returns made-up values.
+    fn score_top_k(
+        &mut self,
+        _sequences: &[Sequence],
+        _temperature: f32,
+        _weights: Weights,
+        top_k: u32,
+    ) -> Result<Vec<Scored>> {
+        Err(Error::Model(format!(
+            "this backend cannot return top-{top_k} scores; use a backend with a model \
+             (cairn-torch) or a sampled-token teacher form"
+        )))
+    }
+
+    /// Keep the weights of the last `n` policy versions (the live one included) for
+    /// [`Weights::Version`] scoring: `n = 1` keeps only the live weights (no copy); each
+    /// extra version costs one copy of the weights. Versions already dropped do not come
+    /// back.
+    fn retain_versions(&mut self, n: usize) -> Result<()> {
+        if n <= 1 {
+            Ok(())
+        } else {
+            Err(Error::Model(format!(
+                "this backend keeps no past weights (asked to keep {n} versions); set \
+                 rollout.max_staleness = 0"
+            )))
+        }
+    }
+
     /// One optimizer step over `sequences`, split into `micro_batches` (ranges of sequence
-    /// indices, covering every sequence once). For each micro-batch the backend computes the
-    /// current response log-probs (at `temperature`, with grad) and, when
-    /// [`TokenLoss::needs_entropy`], the per-token entropies; asks `loss` for the per-token
-    /// gradient weights; and accumulates `Σ g·logp + Σ h·entropy` into the gradient. Then it
-    /// clips the gradient norm, steps AdamW and bumps the policy version.
+    /// indices, covering every sequence once). For each micro-batch the backend runs the
+    /// loss's [`TokenLoss::teacher_requests`] (live teachers: no-grad forwards of the current
+    /// weights), computes the current response log-probs (at `temperature`, with grad), when
+    /// [`TokenLoss::needs_entropy`] the per-token entropies, and for top-k requests the
+    /// student's log-probs at the requested ids; asks `loss` for the gradient weights; and
+    /// accumulates `Σ g·logp + Σ h·entropy + Σ g_top·s_top` into the gradient. Then it clips
+    /// the gradient norm, steps AdamW and bumps the policy version.
     fn train_step(
         &mut self,
         sequences: &[Sequence],
@@ -149,13 +199,60 @@ pub trait PolicyBackend: Send {
 }
 
 /// A backend without a model, for kernel tests and the kernel-overhead benchmark: it "samples"
-/// a fixed response, scores every token at `ln(0.5)`, and counts steps.
+/// a fixed response and counts steps. Its log-probs are constants that depend on the weights
+/// asked for, so a test can tell which weights scored a row (a swapped `ℓ_old` and `ℓ_ref`
+/// shows): version `v` scores every token at `ln 0.5 − 0.01·v` (the live weights, in
+/// [`PolicyBackend::generate`], `score` and `train_step`, use the current version), the
+/// reference at `ln 0.25`. It has no vocabulary, so top-k scoring is refused.
 #[derive(Clone, Debug, Default)]
 pub struct NullBackend {
     pub version: u64,
     /// The ids every generation returns (empty: a single id 0).
     pub response: Vec<u32>,
+    /// How many policy versions [`Weights::Version`] can score (0 or 1: only the live one).
+    pub retained_versions: usize,
 }
+
+impl NullBackend {
+    /// The log-prob every token gets under policy version `version`.
+    pub fn version_logprob(version: u64) -> f32 {
+        (0.5f64.ln() - 0.01 * version as f64) as f32
+    }
+
+    /// The log-prob every token gets under the reference weights.
+    pub fn reference_logprob() -> f32 {
+        0.25f32.ln()
+    }
+
+    /// The entropy every token gets (that of a fair coin).
+    pub fn entropy() -> f32 {
+        2.0f32.ln()
+    }
+
+    /// The constant log-prob of `weights`, or the error for a version it does not keep.
+    pub fn logprob(&self, weights: Weights) -> Result<f32> {
+        let kept = self.retained_versions.max(1) as u64;
+        match weights {
+            Weights::Current => Ok(Self::version_logprob(self.version)),
+            Weights::Reference => Ok(Self::reference_logprob()),
+            Weights::Version(v) if v <= self.version && self.version - v < kept => {
+                Ok(Self::version_logprob(v))
+            }
+            Weights::Version(v) => {
+                let oldest = self.version.saturating_sub(kept - 1);
+                let kept: Vec<u64> = (oldest..=self.version).collect();
+                Err(version_unavailable(
+                    v,
+                    self.version,
+                    &kept,
+                    self.retained_versions.max(1),
+                ))
+            }
+        }
+    }
+}
+
+const NO_VOCABULARY: &str = "the null backend has no vocabulary; top-k scoring needs a model";
 
 impl PolicyBackend for NullBackend {
     fn policy_version(&self) -> u64 {
@@ -181,21 +278,43 @@ impl PolicyBackend for NullBackend {
         } else {
             FinishReason::Length
         };
+        let lp = Self::version_logprob(self.version);
         Ok(prompts
             .iter()
             .map(|_| Generation {
-                logprobs: vec![0.5f32.ln(); ids.len()],
+                logprobs: vec![lp; ids.len()],
                 ids: ids.clone(),
                 finish_reason,
             })
             .collect())
     }
 
-    fn score(&mut self, sequences: &[Sequence], _t: f32, _w: Weights) -> Result<Vec<Vec<f32>>> {
+    fn score(
+        &mut self,
+        sequences: &[Sequence],
+        _t: f32,
+        weights: Weights,
+    ) -> Result<Vec<Vec<f32>>> {
+        let lp = self.logprob(weights)?;
         Ok(sequences
             .iter()
-            .map(|s| vec![0.5f32.ln(); s.response_ids.len()])
+            .map(|s| vec![lp; s.response_ids.len()])
             .collect())
+    }
+
+    fn score_top_k(
+        &mut self,
+        _sequences: &[Sequence],
+        _temperature: f32,
+        _weights: Weights,
+        _top_k: u32,
+    ) -> Result<Vec<Scored>> {
+        Err(Error::Model(NO_VOCABULARY.into()))
+    }
+
+    fn retain_versions(&mut self, n: usize) -> Result<()> {
+        self.retained_versions = n.max(1);
+        Ok(())
     }
 
     fn train_step(
@@ -205,18 +324,47 @@ impl PolicyBackend for NullBackend {
         _temperature: f32,
         loss: &mut dyn TokenLoss,
     ) -> Result<StepReport> {
+        let lp = Self::version_logprob(self.version);
         let mut tokens = 0;
         for mb in micro_batches {
-            let logp: Vec<Vec<f32>> = sequences[mb.clone()]
+            let Some(rows) = sequences.get(mb.clone()) else {
+                return Err(Error::Shape {
+                    what: "micro_batches",
+                    detail: format!("range {mb:?} is outside 0..{}", sequences.len()),
+                });
+            };
+            let mut teacher = Vec::new();
+            for request in loss.teacher_requests(mb.clone())? {
+                if request.top_k > 0 {
+                    return Err(Error::Model(NO_VOCABULARY.into()));
+                }
+                let len = sequences
+                    .get(request.row)
+                    .map_or(0, |s| s.response_ids.len());
+                let logprobs = match request.context_ids {
+                    Some(_) => vec![lp; len],
+                    None => Vec::new(),
+                };
+                teacher.push(TeacherScores {
+                    logprobs,
+                    ..Default::default()
+                });
+            }
+            let logp: Vec<Vec<f32>> = rows
                 .iter()
-                .map(|s| vec![0.5f32.ln(); s.response_ids.len()])
+                .map(|s| vec![lp; s.response_ids.len()])
                 .collect();
             let entropy: Vec<Vec<f32>> = logp
                 .iter()
-                .map(|l| vec![0.5f32.ln().abs(); l.len()])
+                .map(|l| vec![Self::entropy(); l.len()])
                 .collect();
             tokens += logp.iter().map(Vec::len).sum::<usize>();
-            loss.grads(mb.clone(), &logp, &entropy)?;
+            let scores = TokenScores {
+                logp: &logp,
+                entropy: &entropy,
+                teacher: &teacher,
+            };
+            loss.grads(mb.clone(), &scores)?;
         }
         self.version += 1;
         Ok(StepReport {
@@ -236,30 +384,202 @@ impl PolicyBackend for NullBackend {
     }
 
     fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         std::fs::write(
             dir.join("null-backend.json"),
             format!("{{\"version\": {}}}", self.version),
         )
-        .map_err(|e| crate::Error::io(dir, e))
+        .map_err(|e| Error::io(dir, e))
     }
 
     fn load(&mut self, dir: &Path) -> Result<()> {
         let path = dir.join("null-backend.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::io(&path, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| crate::Error::Checkpoint {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         self.version = v["version"].as_u64().unwrap_or(0);
         Ok(())
     }
 
     fn export(&self, _tokenizer_dir: &Path, dir: &Path) -> Result<Vec<String>> {
-        Err(crate::Error::Model(format!(
+        Err(Error::Model(format!(
             "the null backend has no weights to export to {}",
             dir.display()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seqs(lens: &[usize]) -> Vec<Sequence> {
+        lens.iter()
+            .map(|&l| Sequence {
+                prompt_ids: vec![1],
+                response_ids: vec![2; l],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn null_logprobs_tell_the_weights_apart() {
+        let mut b = NullBackend {
+            version: 3,
+            ..Default::default()
+        };
+        let s = seqs(&[2]);
+        let current = b.score(&s, 1.0, Weights::Current).unwrap();
+        let reference = b.score(&s, 1.0, Weights::Reference).unwrap();
+        assert_eq!(current, vec![vec![(0.5f64.ln() - 0.03) as f32; 2]]);
+        assert_eq!(reference, vec![vec![0.25f32.ln(); 2]]);
+        assert_ne!(current, reference);
+        assert_eq!(b.score(&s, 1.0, Weights::Version(3)).unwrap(), current);
+        // Only the live version is kept by default.
+        let e = b
+            .score(&s, 1.0, Weights::Version(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("policy version 2 is not kept")
+                && e.contains("keeps [3] (retain_versions = 1)"),
+            "{e}"
+        );
+        b.retain_versions(3).unwrap();
+        assert_eq!(
+            b.score(&s, 1.0, Weights::Version(1)).unwrap(),
+            vec![vec![(0.5f64.ln() - 0.01) as f32; 2]]
+        );
+        let e = b
+            .score(&s, 1.0, Weights::Version(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("keeps [1, 2, 3]"), "{e}");
+        let e = b
+            .score(&s, 1.0, Weights::Version(4))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy version 4 is not kept"), "{e}");
+        // Generation reports the live weights' log-probs, so recomputing ℓ_old gives ρ = 1.
+        let g = b
+            .generate(
+                &[vec![1]],
+                &SamplingParams {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    max_new_tokens: 4,
+                    stop_ids: vec![],
+                    seed: 0,
+                },
+            )
+            .unwrap();
+        assert_eq!(g[0].logprobs, vec![(0.5f64.ln() - 0.03) as f32]);
+    }
+
+    #[test]
+    fn null_backend_trains_the_objective_and_shows_swapped_logprobs() {
+        use cairn_plugin_sdk::{
+            Signals, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm, TurnRow,
+        };
+
+        use crate::objective::{KlEstimator, ObjectiveConfig, RlLoss};
+
+        let mut b = NullBackend {
+            version: 2,
+            ..Default::default()
+        };
+        let s = seqs(&[2, 1]);
+        let old = b.score(&s, 1.0, Weights::Current).unwrap();
+        let reference = b.score(&s, 1.0, Weights::Reference).unwrap();
+        let rows: Vec<TurnRow> = s
+            .iter()
+            .zip(old.iter().zip(&reference))
+            .map(|(seq, (o, r))| TurnRow {
+                prompt_ids: seq.prompt_ids.clone(),
+                response_ids: seq.response_ids.clone(),
+                response_logprobs: o.clone(),
+                response_mask: vec![1; o.len()],
+                old_logprobs: o.clone(),
+                ref_logprobs: r.clone(),
+                ..TurnRow::default()
+            })
+            .collect();
+        let live = TeacherTarget {
+            row: 1,
+            weights: vec![1.0],
+            source: TeacherSource::Context {
+                context_ids: vec![3],
+            },
+        };
+        let signals = Signals {
+            advantages: vec![vec![1.0, 1.0], vec![1.0]],
+            teacher: vec![TeacherTerm {
+                name: "self".into(),
+                coef: 1.0,
+                form: TeacherForm::SampledReverseKl,
+                targets: vec![live],
+            }],
+            ..Signals::default()
+        };
+        let config = ObjectiveConfig {
+            kl_coef: 0.1,
+            kl_estimator: KlEstimator::K1,
+            ..Default::default()
+        };
+        let run = |rows: &[TurnRow], b: &mut NullBackend| {
+            let refs: Vec<&TurnRow> = rows.iter().collect();
+            let mut loss = RlLoss::from_rows(&config, &refs, &signals, &[0, 1]).unwrap();
+            b.train_step(&s, &[0..1, 1..2], 1.0, &mut loss).unwrap();
+            loss.check_complete().unwrap();
+            loss.report()
+        };
+        let report = run(&rows, &mut b.clone());
+        // ρ = 1 and k1 = ℓ − ℓ_ref = (ln 0.5 − 0.02) − ln 0.25 = ln 2 − 0.02 on every token.
+        let k1 = 2f64.ln() - 0.02;
+        assert!((report.kl.unwrap() - k1).abs() < 1e-6, "{report:?}");
+        assert!((report.pg_loss - -1.0).abs() < 1e-6);
+        // The live teacher is the same constant model: no divergence.
+        assert_eq!(report.teacher[0].active_tokens, 1);
+        assert!(report.teacher[0].kl.abs() < 1e-7);
+        // Swapped ℓ_old and ℓ_ref change both the ratio and the KL.
+        let swapped: Vec<TurnRow> = rows
+            .iter()
+            .map(|r| TurnRow {
+                old_logprobs: r.ref_logprobs.clone(),
+                ref_logprobs: r.old_logprobs.clone(),
+                ..r.clone()
+            })
+            .collect();
+        let bad = run(&swapped, &mut b.clone());
+        // ℓ_ref = ℓ now (k1 = 0), and ρ = 0.5·e^−0.02 / 0.25 = 1.96 is clipped at 1.2.
+        assert!(bad.kl.unwrap().abs() < 1e-6, "{bad:?}");
+        assert!((bad.ratio_mean - 2.0 * (-0.02f64).exp()).abs() < 1e-6);
+        assert_eq!(bad.clip_fraction, 1.0);
+        assert!((bad.pg_loss - -1.2).abs() < 1e-6);
+        // A top-k teacher needs a vocabulary.
+        let mut topk = signals.clone();
+        topk.teacher[0].form = TeacherForm::TopKReverseKl { k: 2 };
+        let refs: Vec<&TurnRow> = rows.iter().collect();
+        let mut loss = RlLoss::from_rows(&config, &refs, &topk, &[0, 1]).unwrap();
+        let e = b
+            .train_step(&s, std::slice::from_ref(&(0..2)), 1.0, &mut loss)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("top-k scoring needs a model"), "{e}");
+    }
+
+    #[test]
+    fn null_backend_refuses_top_k() {
+        let mut b = NullBackend::default();
+        let e = b
+            .score_top_k(&seqs(&[1]), 1.0, Weights::Current, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the null backend has no vocabulary; top-k scoring needs a model"),
+            "{e}"
+        );
     }
 }

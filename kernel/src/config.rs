@@ -28,7 +28,7 @@ pub struct PipelineConfig {
     /// The environment plugin; required with the default source, absent with the gateway
     /// (the harness plays the episodes).
     pub environment: Option<PluginSection>,
-    pub algorithm: PluginSection,
+    pub algorithm: AlgorithmSection,
     pub model: ModelConfig,
     pub rollout: RolloutConfig,
     #[serde(default)]
@@ -113,6 +113,79 @@ impl SourceConfig {
         match self {
             SourceConfig::Gateway(g) => Some(g),
             SourceConfig::Environment => None,
+        }
+    }
+}
+
+/// Lives here rather than beside the struct so the config is the only side that knows the
+/// other: `actors/rollout.rs` imports nothing from `config.rs`, which breaks the import circle
+/// config → gateway → actors/rollout → config.
+impl crate::actors::rollout::RolloutSettings {
+    /// The settings of a pipeline config's `[run]` and `[rollout]`.
+    pub fn from_config(config: &PipelineConfig) -> Self {
+        let r = &config.rollout;
+        crate::actors::rollout::RolloutSettings {
+            seed: config.run.seed,
+            tasks_per_step: r.tasks_per_step,
+            group_size: r.group_size,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            max_new_tokens: r.max_new_tokens,
+            max_turns: r.max_turns,
+        }
+    }
+}
+
+/// `[algorithm]`: the advantage estimator, and the planners and auxiliary-loss plugins
+/// stacked on it (`[[algorithm.stack]]`, in order). See `kernel/src/stack.rs`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlgorithmSection {
+    pub plugin: String,
+    #[serde(default)]
+    pub config: toml::Table,
+    #[serde(default)]
+    pub stack: Vec<PluginSection>,
+}
+
+impl AlgorithmSection {
+    /// The estimator's config as JSON text.
+    pub fn config_json(&self) -> String {
+        serde_json::to_string(&self.config).expect("a TOML table always converts to JSON")
+    }
+
+    /// The stack's plugin names, estimator first, joined by `+` (`gigpo+edge`).
+    pub fn label(&self) -> String {
+        std::iter::once(self.plugin.as_str())
+            .chain(self.stack.iter().map(|s| s.plugin.as_str()))
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// The config key of stack member `i` (0: `[algorithm]`, `i`: `algorithm.stack[i-1]`).
+    pub fn member_key(i: usize) -> String {
+        if i == 0 {
+            "algorithm.plugin".into()
+        } else {
+            format!("algorithm.stack[{}].plugin", i - 1)
+        }
+    }
+}
+
+/// Lives here for the same reason as `RolloutSettings::from_config`.
+impl crate::actors::optimizer::OptimizerSettings {
+    /// The optimizer actor's settings of a pipeline config.
+    pub fn from_config(config: &PipelineConfig) -> Self {
+        let (r, o) = (&config.rollout, &config.optimizer);
+        crate::actors::optimizer::OptimizerSettings {
+            micro_batch_rows: o.micro_batch_rows,
+            updates_per_batch: o.updates_per_batch,
+            temperature: r.temperature,
+            tasks_per_step: r.tasks_per_step,
+            max_resample_rounds: r.max_resample_rounds,
+            max_staleness: r.max_staleness,
+            reuse_rollout_logprobs: o.reuse_rollout_logprobs,
+            plugin_reads_reference: false,
         }
     }
 }
@@ -218,6 +291,11 @@ pub struct RolloutConfig {
     /// Maximum resample rounds when the algorithm drops groups (dynamic sampling).
     #[serde(default = "default_resample_rounds")]
     pub max_resample_rounds: u32,
+    /// Asynchronous rollouts: the rollout producer runs ahead of the optimizer by at most this
+    /// many policy versions (0: synchronous; each step is sampled by the weights after the
+    /// previous update). A row staler than this when it trains is dropped and counted.
+    #[serde(default)]
+    pub max_staleness: u64,
 }
 
 fn default_top_p() -> f32 {
@@ -247,6 +325,12 @@ pub struct OptimizerConfig {
     /// Optimizer steps per RL batch (PPO mini-batches); 1 is plain on-policy.
     #[serde(default = "default_one")]
     pub updates_per_batch: usize,
+    /// Use a row's sampled log-probs as `ℓ_old` when the live weights sampled it, instead of a
+    /// second scoring pass (rows of older versions, and extra rows, are still scored). Needs
+    /// `rollout.top_p = 1` and the environment source, where the sampled log-probs are the
+    /// scoring distribution's.
+    #[serde(default)]
+    pub reuse_rollout_logprobs: bool,
 }
 
 impl OptimizerConfig {
@@ -309,23 +393,161 @@ pub struct EvalConfig {
     pub every: u64,
 }
 
-/// `[bank]`: the experience bank actor.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+/// `[bank]`: the experience bank (`<run>/bank.sqlite`, see `docs/bank.md`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BankConfig {
-    /// Trajectories kept in memory for plugins that replay them (0: none).
-    #[serde(default)]
-    pub capacity: usize,
+    /// How long a bank write waits for another connection's write lock before failing with
+    /// an error naming the file, in ms (readers such as `cairn bank list` never hold one).
+    #[serde(default = "default_bank_busy_timeout_ms")]
+    pub busy_timeout_ms: u64,
 }
 
-/// `[skills]`: the skill-creator actor.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+fn default_bank_busy_timeout_ms() -> u64 {
+    crate::bank::DEFAULT_BUSY_TIMEOUT.as_millis() as u64
+}
+
+impl Default for BankConfig {
+    fn default() -> Self {
+        BankConfig {
+            busy_timeout_ms: default_bank_busy_timeout_ms(),
+        }
+    }
+}
+
+impl BankConfig {
+    /// Opens (or creates) the run's bank, `<run>/bank.sqlite`.
+    pub fn open(&self, run_root: &Path) -> Result<crate::bank::Bank> {
+        crate::bank::Bank::open_with(
+            &crate::bank::bank_path(run_root),
+            std::time::Duration::from_millis(self.busy_timeout_ms),
+        )
+    }
+}
+
+/// `[skills]`: the skill-creator actor, which answers plugins' reflection requests with bank
+/// entries (docs/skills.md).
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SkillsConfig {
-    /// Run the skill creator every this many steps (0: off).
+    /// Who writes the entries: `template` (deterministic), `policy` (the policy itself) or
+    /// `endpoint` (an OpenAI-compatible chat endpoint, `[skills.endpoint]`).
     #[serde(default)]
-    pub every: u64,
+    pub reflector: ReflectorKind,
+    /// Reflections queued or in flight at most; a `reflect` call that would exceed it is
+    /// refused (and counted in `skills/queue_full`).
+    #[serde(default = "default_skills_queue")]
+    pub queue: usize,
+    /// `[skills.policy]`: generation settings of the `policy` reflector.
+    #[serde(default)]
+    pub policy: PolicyReflectorConfig,
+    /// `[skills.endpoint]`: required with `reflector = "endpoint"`.
+    pub endpoint: Option<EndpointConfig>,
 }
+
+impl Default for SkillsConfig {
+    fn default() -> Self {
+        SkillsConfig {
+            reflector: ReflectorKind::default(),
+            queue: default_skills_queue(),
+            policy: PolicyReflectorConfig::default(),
+            endpoint: None,
+        }
+    }
+}
+
+fn default_skills_queue() -> usize {
+    64
+}
+
+/// `skills.reflector`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReflectorKind {
+    #[default]
+    Template,
+    Policy,
+    Endpoint,
+}
+
+impl ReflectorKind {
+    /// The name used in configs and in the entries' writer (`skill-creator:<name>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReflectorKind::Template => "template",
+            ReflectorKind::Policy => "policy",
+            ReflectorKind::Endpoint => "endpoint",
+        }
+    }
+}
+
+/// `[skills.policy]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyReflectorConfig {
+    /// Reply length limit in tokens.
+    #[serde(default = "default_reflection_tokens")]
+    pub max_new_tokens: u32,
+    /// 0: greedy.
+    #[serde(default)]
+    pub temperature: f32,
+}
+
+impl Default for PolicyReflectorConfig {
+    fn default() -> Self {
+        PolicyReflectorConfig {
+            max_new_tokens: default_reflection_tokens(),
+            temperature: 0.0,
+        }
+    }
+}
+
+fn default_reflection_tokens() -> u32 {
+    256
+}
+
+/// `[skills.endpoint]`: an OpenAI-compatible chat endpoint (`POST {base_url}/chat/completions`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// The API root, as OpenAI clients take it: `https://api.example.com/v1`,
+    /// `http://127.0.0.1:8400/v1`.
+    pub base_url: String,
+    /// The `model` field of each request.
+    pub model: String,
+    /// Name of the environment variable holding the API key (sent as `Authorization: Bearer`);
+    /// the host reads it at start ([`PipelineConfig::skills_api_key`]). Absent: no key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Limit of one HTTP attempt (connect, send and the whole reply), milliseconds.
+    #[serde(default = "default_endpoint_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Retries after a timeout, a failed connection, HTTP 408, 429 or 5xx (at most 10).
+    #[serde(default = "default_endpoint_retries")]
+    pub max_retries: u32,
+    /// Wait before the first retry, doubled for each next one, milliseconds.
+    #[serde(default = "default_endpoint_backoff_ms")]
+    pub retry_backoff_ms: u64,
+    /// `max_tokens` of each request.
+    #[serde(default = "default_reflection_tokens")]
+    pub max_tokens: u32,
+    /// `temperature` of each request (0: greedy).
+    #[serde(default)]
+    pub temperature: f32,
+}
+
+fn default_endpoint_timeout_ms() -> u64 {
+    60_000
+}
+fn default_endpoint_retries() -> u32 {
+    2
+}
+fn default_endpoint_backoff_ms() -> u64 {
+    500
+}
+
+/// Most retries `skills.endpoint.max_retries` may ask for.
+pub const MAX_ENDPOINT_RETRIES: u32 = 10;
 
 /// `x > 0`, false for NaN.
 fn positive(x: f64) -> bool {
@@ -405,6 +627,29 @@ impl PipelineConfig {
                 "micro_batch_rows and updates_per_batch must be at least 1",
             ));
         }
+        if self.optimizer.reuse_rollout_logprobs {
+            if r.top_p < 1.0 {
+                return Err(self.error(
+                    "optimizer.reuse_rollout_logprobs",
+                    "needs `rollout.top_p = 1`: under a nucleus the sampled log-probs are not \
+                     the full-softmax log-probs the ratio needs; set top_p = 1 or turn reuse off",
+                ));
+            }
+            if self.episode_source.gateway().is_some() {
+                return Err(self.error(
+                    "optimizer.reuse_rollout_logprobs",
+                    "a gateway harness picks its own sampling settings per request, so its \
+                     log-probs are rescored; turn reuse off",
+                ));
+            }
+        }
+        if r.max_staleness > 0 && self.episode_source.gateway().is_some() {
+            return Err(self.error(
+                "rollout.max_staleness",
+                "the gateway source trains on the harness's episodes as they finish and \
+                 pauses sampling around each update; it runs synchronously (set 0)",
+            ));
+        }
         if !positive(self.optimizer.max_grad_norm) {
             return Err(self.error("optimizer.max_grad_norm", "must be > 0"));
         }
@@ -457,7 +702,101 @@ impl PipelineConfig {
             }
             other => other,
         })?;
+        self.validate_skills()?;
         self.validate_source()
+    }
+
+    /// `[skills]`: ranges, and the endpoint table the `endpoint` reflector needs.
+    fn validate_skills(&self) -> Result<()> {
+        let s = &self.skills;
+        if s.queue == 0 {
+            return Err(self.error("skills.queue", "must be at least 1"));
+        }
+        if s.policy.max_new_tokens == 0 {
+            return Err(self.error("skills.policy.max_new_tokens", "must be at least 1"));
+        }
+        if !(s.policy.temperature >= 0.0 && s.policy.temperature.is_finite()) {
+            return Err(self.error(
+                "skills.policy.temperature",
+                "must be a finite number >= 0 (0 is greedy)",
+            ));
+        }
+        let Some(e) = &s.endpoint else {
+            if s.reflector == ReflectorKind::Endpoint {
+                return Err(self.error(
+                    "skills.reflector",
+                    "`endpoint` needs a `[skills.endpoint]` table with `base_url` and `model`",
+                ));
+            }
+            return Ok(());
+        };
+        if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
+            return Err(self.error(
+                "skills.endpoint.base_url",
+                format!(
+                    "`{}` is not an http:// or https:// URL (give the API root, e.g. \
+                     `https://api.example.com/v1`)",
+                    e.base_url
+                ),
+            ));
+        }
+        if e.model.is_empty() {
+            return Err(self.error("skills.endpoint.model", "must not be empty"));
+        }
+        if e.api_key_env.as_deref().is_some_and(str::is_empty) {
+            return Err(self.error(
+                "skills.endpoint.api_key_env",
+                "must name an environment variable (or leave the key out for no API key)",
+            ));
+        }
+        if e.timeout_ms == 0 {
+            return Err(self.error("skills.endpoint.timeout_ms", "must be at least 1"));
+        }
+        if e.max_retries > MAX_ENDPOINT_RETRIES {
+            return Err(self.error(
+                "skills.endpoint.max_retries",
+                format!("must be at most {MAX_ENDPOINT_RETRIES}"),
+            ));
+        }
+        if e.max_tokens == 0 {
+            return Err(self.error("skills.endpoint.max_tokens", "must be at least 1"));
+        }
+        if !(0.0..=2.0).contains(&e.temperature) {
+            return Err(self.error("skills.endpoint.temperature", "must be in [0, 2]"));
+        }
+        Ok(())
+    }
+
+    /// The `endpoint` reflector's API key: `lookup` (the host passes `std::env::var`) of the
+    /// variable `skills.endpoint.api_key_env` names. `None` when no key is configured or the
+    /// reflector is not `endpoint`; a config error naming the key and the variable when the
+    /// variable is unset or empty.
+    pub fn skills_api_key(
+        &self,
+        lookup: impl FnOnce(&str) -> Option<String>,
+    ) -> Result<Option<String>> {
+        if self.skills.reflector != ReflectorKind::Endpoint {
+            return Ok(None);
+        }
+        let Some(var) = self
+            .skills
+            .endpoint
+            .as_ref()
+            .and_then(|e| e.api_key_env.as_deref())
+        else {
+            return Ok(None);
+        };
+        match lookup(var) {
+            Some(key) if !key.is_empty() => Ok(Some(key)),
+            _ => Err(self.error(
+                "skills.endpoint.api_key_env",
+                format!(
+                    "the environment variable `{var}` is not set (or empty); export the \
+                     endpoint's API key in it, or remove `api_key_env` for an endpoint \
+                     without a key"
+                ),
+            )),
+        }
     }
 
     /// The source's combinations: the environment source needs `[environment]`; the
@@ -553,44 +892,112 @@ impl PipelineConfig {
         best
     }
 
-    /// Checks what the algorithm needs against what the environment and the rollout settings
-    /// provide; an unmet need is a config error naming the key to change, before any compute.
+    /// Checks what the algorithm needs against what the environment, the rollout settings and
+    /// the training host provide; an unmet need is a config error naming the plugin, the
+    /// `Requirements` flag and the key to change, before any compute. Every flag of
+    /// [`cairn_plugin_sdk::Requirements`] is checked here or in [`check_services`]. Errors name
+    /// the whole stack (`grpo`, or `gigpo+edge`); [`PipelineConfig::check_member_requirements`]
+    /// names one member.
     pub fn check_requirements(
         &self,
         requirements: &cairn_plugin_sdk::Requirements,
         environment: &cairn_plugin_sdk::EnvironmentInfo,
     ) -> Result<()> {
-        let (algo, env) = (&self.algorithm.plugin, self.environment_name());
-        let unmet = |what: &str| {
+        self.check_member_requirements(&self.algorithm.label(), requirements, environment)
+    }
+
+    /// [`PipelineConfig::check_requirements`] for one plugin of the algorithm stack: errors name
+    /// `algo` (the plugin whose requirements these are).
+    pub fn check_member_requirements(
+        &self,
+        algo: &str,
+        requirements: &cairn_plugin_sdk::Requirements,
+        environment: &cairn_plugin_sdk::EnvironmentInfo,
+    ) -> Result<()> {
+        let env = self.environment_name();
+        // The key to name: the member's own `plugin` line (a stack member's, or `[algorithm]`'s
+        // for the estimator and for the stack as a whole).
+        let key = self
+            .algorithm
+            .stack
+            .iter()
+            .position(|s| s.plugin == algo && algo != self.algorithm.plugin)
+            .map_or_else(
+                || "algorithm.plugin".to_string(),
+                |i| AlgorithmSection::member_key(i + 1),
+            );
+        // With the gateway source the "environment" is whatever the harness posts.
+        let fix = if self.environment.is_some() {
+            "pick an environment that does, or another algorithm"
+        } else {
+            "a gateway harness posts episode rewards, and anchor keys only when it sends \
+             `cairn.anchor` on every call and `[source] anchors = true` says so; pick another \
+             algorithm, or train on an environment plugin"
+        };
+        let unmet = |flag: &str, what: &str| {
             self.error(
-                "algorithm.plugin",
+                &key,
                 format!(
-                    "algorithm `{algo}` needs {what}, but environment `{env}` provides none; \
-                     pick an environment that does, or another algorithm"
+                    "algorithm `{algo}` sets `requirements.{flag}` (it needs {what}), but \
+                     environment `{env}` does not provide it; {fix}"
                 ),
             )
         };
         if requirements.anchor_keys && !environment.anchor_keys {
-            return Err(unmet("anchor-state keys"));
+            return Err(unmet("anchor_keys", "an anchor-state key on every turn"));
         }
         if requirements.step_rewards && !environment.step_rewards {
-            return Err(unmet("per-turn rewards"));
+            return Err(unmet("step_rewards", "per-turn rewards"));
         }
         if requirements.feedback && !environment.feedback {
-            return Err(unmet("environment feedback"));
+            return Err(unmet("feedback", "short-term environment feedback"));
         }
         if requirements.tool_free_slots && !environment.tools {
-            return Err(unmet("tools (it disables them for some slots)"));
+            return Err(unmet(
+                "tool_free_slots",
+                "an environment with tools, since it turns them off for some slots",
+            ));
         }
         let min = requirements.min_group_size as usize;
         if min > self.rollout.group_size {
             return Err(self.error(
                 "rollout.group_size",
                 format!(
-                    "algorithm `{algo}` needs groups of at least {min}; raise it to {min} or more"
+                    "algorithm `{algo}` sets `requirements.min_group_size = {min}`, but the \
+                     groups have {}; raise it to {min} or more",
+                    self.rollout.group_size
                 ),
             ));
         }
+        if requirements.even_group_size && self.rollout.group_size % 2 == 1 {
+            return Err(self.error(
+                "rollout.group_size",
+                format!(
+                    "algorithm `{algo}` sets `requirements.even_group_size` (it splits each \
+                     group in halves), but the groups have {}; use an even group size",
+                    self.rollout.group_size
+                ),
+            ));
+        }
+        if requirements.turn_context && self.environment.is_none() {
+            return Err(unmet(
+                "turn_context",
+                "to set the context of every turn, which only the rollout actor's own \
+                 episodes allow (a gateway harness builds its own prompts)",
+            ));
+        }
+        if requirements.dynamic_sampling && self.rollout.max_resample_rounds == 0 {
+            return Err(self.error(
+                "rollout.max_resample_rounds",
+                format!(
+                    "algorithm `{algo}` sets `requirements.dynamic_sampling` (it drops groups \
+                     and needs more sampled in their place), but resampling is off; set it to \
+                     1 or more, or turn the plugin's dynamic sampling off"
+                ),
+            ));
+        }
+        check_services(algo, requirements, &HostServices::TRAINING)
+            .map_err(|e| self.error(&key, e))?;
         // The gateway source has no environment plugin: the harness evaluates.
         let held_out = environment.test_tasks;
         let tasks = self.eval.tasks as u64;
@@ -636,6 +1043,74 @@ impl PipelineConfig {
             message: format!("key `{key}`{line}: plugin `{plugin}` rejected its config: {message}"),
         }
     }
+}
+
+/// The [`cairn_plugin_sdk::Host`] services a host offers an algorithm plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostServices {
+    /// Where the host runs; named in errors (`the training pipeline`, `cairn signals`).
+    pub name: &'static str,
+    /// `Host::score` works (a policy model is loaded).
+    pub scoring: bool,
+    /// `Host::generate` works (a policy model is loaded).
+    pub generation: bool,
+    /// The experience bank is wired in.
+    pub bank: bool,
+}
+
+impl HostServices {
+    /// A training pipeline (`cairn train`, either source): the policy actor scores and
+    /// generates, and the bank actor is always started (there is no switch that turns it off).
+    pub const TRAINING: HostServices = HostServices {
+        name: "the training pipeline",
+        scoring: true,
+        generation: true,
+        bank: true,
+    };
+    /// The offline runners (`cairn signals`): no model and no bank, only metric logging.
+    pub const OFFLINE: HostServices = HostServices {
+        name: "`cairn signals` (offline, no model)",
+        scoring: false,
+        generation: false,
+        bank: false,
+    };
+}
+
+/// Checks the host-side needs of `plugin` (`teacher_scores`, `generation`, `bank`) against what
+/// `host` offers, so a plugin that would call a missing service is refused up front instead of
+/// failing inside `signals`.
+pub fn check_services(
+    plugin: &str,
+    requirements: &cairn_plugin_sdk::Requirements,
+    host: &HostServices,
+) -> Result<()> {
+    let unmet = |flag: &'static str, need: &'static str| {
+        Err(Error::UnmetRequirement {
+            plugin: plugin.to_string(),
+            flag,
+            need,
+            host: host.name,
+        })
+    };
+    if requirements.teacher_scores && !host.scoring {
+        return unmet("teacher_scores", "`Host::score` to re-score responses");
+    }
+    if requirements.generation && !host.generation {
+        return unmet("generation", "`Host::generate`");
+    }
+    if requirements.teacher_topk && !host.scoring {
+        return unmet("teacher_topk", "top-k teacher scores from a policy model");
+    }
+    if !requirements.bank.is_empty() && !host.bank {
+        return unmet("bank", "the experience bank");
+    }
+    if requirements.reflection && !host.bank {
+        return unmet(
+            "reflection",
+            "the skill creator, which writes into the bank",
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -767,7 +1242,9 @@ tasks = 4
         let env = cairn_plugin_sdk::EnvironmentInfo::default();
         let e = c.check_requirements(&needs, &env).unwrap_err().to_string();
         assert!(
-            e.contains("`algorithm.plugin`, line 12") && e.contains("anchor-state keys"),
+            e.contains("`algorithm.plugin`, line 12")
+                && e.contains("algorithm `gigpo` sets `requirements.anchor_keys`")
+                && e.contains("environment `household` does not provide it"),
             "{e}"
         );
         let needs = cairn_plugin_sdk::Requirements {
@@ -776,7 +1253,8 @@ tasks = 4
         };
         let e = c.check_requirements(&needs, &env).unwrap_err().to_string();
         assert!(
-            e.contains("rollout.group_size") && e.contains("at least 8"),
+            e.contains("rollout.group_size")
+                && e.contains("`requirements.min_group_size = 8`, but the groups have 4"),
             "{e}"
         );
         let ok = cairn_plugin_sdk::EnvironmentInfo {
@@ -789,6 +1267,232 @@ tasks = 4
             ..Default::default()
         };
         assert!(c.check_requirements(&needs, &ok).is_ok());
+    }
+
+    /// `check(config text, requirements, environment, expected key, expected text)`: every
+    /// `Requirements` flag is refused, with the flag and the key to change, when unmet.
+    fn check_unmet(
+        text: &str,
+        needs: cairn_plugin_sdk::Requirements,
+        env: &cairn_plugin_sdk::EnvironmentInfo,
+        key: &str,
+        expected: &str,
+    ) {
+        let c = PipelineConfig::parse(text, "test.toml").unwrap();
+        let e = c.check_requirements(&needs, env).unwrap_err().to_string();
+        assert!(
+            e.starts_with("test.toml: key `") && e.contains(key) && e.contains(expected),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_requirement_flag_is_checked() {
+        use cairn_plugin_sdk::{EnvironmentInfo, Requirements};
+        let env = EnvironmentInfo {
+            test_tasks: 500,
+            ..Default::default()
+        };
+        let unmet = [
+            (
+                Requirements {
+                    step_rewards: true,
+                    ..Default::default()
+                },
+                "`requirements.step_rewards` (it needs per-turn rewards)",
+            ),
+            (
+                Requirements {
+                    feedback: true,
+                    ..Default::default()
+                },
+                "`requirements.feedback`",
+            ),
+            (
+                Requirements {
+                    tool_free_slots: true,
+                    ..Default::default()
+                },
+                "`requirements.tool_free_slots` (it needs an environment with tools",
+            ),
+        ];
+        for (needs, expected) in unmet {
+            check_unmet(
+                MINIMAL,
+                needs,
+                &env,
+                "`algorithm.plugin`, line 12",
+                expected,
+            );
+        }
+        let with_tools = EnvironmentInfo {
+            tools: true,
+            ..env.clone()
+        };
+        let c = PipelineConfig::parse(MINIMAL, "test.toml").unwrap();
+        let tool_free = Requirements {
+            tool_free_slots: true,
+            ..Default::default()
+        };
+        assert!(c.check_requirements(&tool_free, &with_tools).is_ok());
+
+        let dynamic = Requirements {
+            dynamic_sampling: true,
+            ..Default::default()
+        };
+        assert!(c.check_requirements(&dynamic, &env).is_ok());
+        check_unmet(
+            &MINIMAL.replace(
+                "max_turns = 8\n\n[optimizer]",
+                "max_turns = 8\nmax_resample_rounds = 0\n\n[optimizer]",
+            ),
+            dynamic,
+            &env,
+            "`rollout.max_resample_rounds`, line 28",
+            "sets `requirements.dynamic_sampling`",
+        );
+
+        // The training pipeline has a policy model and a bank: these pass.
+        let services = Requirements {
+            teacher_scores: true,
+            generation: true,
+            bank: vec![cairn_plugin_sdk::EntryKind::Experience],
+            ..Default::default()
+        };
+        assert!(c.check_requirements(&services, &env).is_ok());
+    }
+
+    #[test]
+    fn a_stack_member_is_named_with_its_own_key() {
+        let text = MINIMAL.replace(
+            "[algorithm]\nplugin = \"grpo\"\n",
+            "[algorithm]\nplugin = \"grpo\"\n\n[[algorithm.stack]]\nplugin = \"hint\"\n",
+        );
+        let c = PipelineConfig::parse(&text, "test.toml").unwrap();
+        let needs = cairn_plugin_sdk::Requirements {
+            feedback: true,
+            ..Default::default()
+        };
+        let env = cairn_plugin_sdk::EnvironmentInfo {
+            test_tasks: 500,
+            ..Default::default()
+        };
+        let e = c
+            .check_member_requirements("hint", &needs, &env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `algorithm.stack[0].plugin`")
+                && e.contains("algorithm `hint` sets `requirements.feedback`"),
+            "{e}"
+        );
+        let e = c.check_requirements(&needs, &env).unwrap_err().to_string();
+        assert!(
+            e.contains("key `algorithm.plugin`, line 12")
+                && e.contains("algorithm `grpo+hint` sets `requirements.feedback`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_offline_host_refuses_model_and_bank_needs() {
+        use cairn_plugin_sdk::Requirements;
+        let cases = [
+            (
+                Requirements {
+                    teacher_scores: true,
+                    ..Default::default()
+                },
+                "algorithm `edge` sets `requirements.teacher_scores` (it calls `Host::score` to \
+                 re-score responses), but `cairn signals` (offline, no model) offers no such \
+                 service; run it in a training pipeline (`cairn train`) with a policy model, or \
+                 turn that part of the plugin off",
+            ),
+            (
+                Requirements {
+                    generation: true,
+                    ..Default::default()
+                },
+                "algorithm `edge` sets `requirements.generation` (it calls `Host::generate`), but \
+                 `cairn signals` (offline, no model) offers no such service; run it in a \
+                 training pipeline (`cairn train`) with a policy model, or turn that part of the \
+                 plugin off",
+            ),
+            (
+                Requirements {
+                    bank: vec![cairn_plugin_sdk::EntryKind::Skill],
+                    ..Default::default()
+                },
+                "algorithm `edge` sets `requirements.bank` (it calls the experience bank), but \
+                 `cairn signals` (offline, no model) offers no such service; run it in a \
+                 training pipeline (`cairn train`) with a policy model, or turn that part of the \
+                 plugin off",
+            ),
+        ];
+        for (needs, expected) in cases {
+            let e = check_services("edge", &needs, &HostServices::OFFLINE).unwrap_err();
+            assert_eq!(e.to_string(), expected);
+            assert!(check_services("edge", &needs, &HostServices::TRAINING).is_ok());
+        }
+        assert!(check_services("edge", &Requirements::default(), &HostServices::OFFLINE).is_ok());
+    }
+
+    #[test]
+    fn the_gateway_harness_provides_only_what_it_posts() {
+        let gateway = MINIMAL
+            .replace(
+                "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
+                "[source]\nkind = \"gateway\"\n",
+            )
+            .replace(
+                "num_key_value_heads = 1\n",
+                "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
+            )
+            .replace("\"grpo\"", "\"gigpo\"");
+        let c = PipelineConfig::parse(&gateway, "test.toml").unwrap();
+        let g = c.episode_source.gateway().expect("gateway source");
+        let harness = crate::gateway::HarnessEnvironment::new(g);
+        let info = cairn_plugin_sdk::Environment::info(&harness);
+        assert_eq!(info, cairn_plugin_sdk::EnvironmentInfo::default());
+        let gigpo = cairn_plugin_sdk::Requirements {
+            anchor_keys: true,
+            step_rewards: false,
+            ..Default::default()
+        };
+        let e = c.check_requirements(&gigpo, &info).unwrap_err().to_string();
+        assert!(
+            e.contains("algorithm `gigpo` sets `requirements.anchor_keys`")
+                && e.contains("environment `gateway harness` does not provide it")
+                && e.contains("`[source] anchors = true`"),
+            "{e}"
+        );
+        // A harness that declares its anchors may train gigpo.
+        let declared = gateway.replace(
+            "kind = \"gateway\"\n",
+            "kind = \"gateway\"\nanchors = true\n",
+        );
+        let c = PipelineConfig::parse(&declared, "test.toml").unwrap();
+        let harness = crate::gateway::HarnessEnvironment::new(c.episode_source.gateway().unwrap());
+        let info = cairn_plugin_sdk::Environment::info(&harness);
+        assert!(info.anchor_keys && !info.step_rewards && !info.feedback && !info.tools);
+        assert!(c.check_requirements(&gigpo, &info).is_ok());
+        // Nothing else a harness cannot provide is claimed.
+        for needs in [
+            cairn_plugin_sdk::Requirements {
+                step_rewards: true,
+                ..Default::default()
+            },
+            cairn_plugin_sdk::Requirements {
+                feedback: true,
+                ..Default::default()
+            },
+            cairn_plugin_sdk::Requirements {
+                tool_free_slots: true,
+                ..Default::default()
+            },
+        ] {
+            assert!(c.check_requirements(&needs, &info).is_err(), "{needs:?}");
+        }
     }
 
     #[test]

@@ -34,8 +34,55 @@ pub enum Error {
     #[error("{0}")]
     Plugin(#[from] PluginError),
 
+    /// An algorithm plugin needs a host service (`Requirements` flag `flag`) that this host
+    /// does not offer (`config::check_services`).
+    #[error("algorithm `{plugin}` sets `requirements.{flag}` (it calls {need}), but {host} offers no such service; run it in a training pipeline (`cairn train`) with a policy model, or turn that part of the plugin off")]
+    UnmetRequirement {
+        plugin: String,
+        flag: &'static str,
+        need: &'static str,
+        host: &'static str,
+    },
+
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+
+    /// An experience bank file that is not a readable bank (not SQLite, damaged, or another
+    /// program's database). The bank never writes to such a file.
+    #[error("{path}: not a readable experience bank ({detail}); the file was left as it is: move it aside to start an empty bank, or copy a checkpoint's `bank.sqlite` in its place")]
+    BankCorrupt { path: PathBuf, detail: String },
+
+    /// Another connection holds the bank's write lock for longer than the busy timeout.
+    #[error("{path}: the experience bank is locked by another connection ({detail}); stop the other process using it (another `cairn train` on this run directory?), or give this run its own run directory")]
+    BankLocked { path: PathBuf, detail: String },
+
+    /// A bank written with another schema version.
+    #[error("{path}: experience bank schema version {found}, but this cairn reads version {expected}; open it with the cairn that wrote it, or move it aside to start an empty bank")]
+    BankSchema {
+        path: PathBuf,
+        found: String,
+        expected: u32,
+    },
+
+    /// A bank request naming an entry the bank does not hold; nothing was changed.
+    #[error("{path}: no entry {id} in the experience bank; nothing was changed")]
+    BankNoEntry { path: PathBuf, id: u64 },
+
+    /// A bank request with an invalid value (`what` names it); nothing was changed.
+    #[error("{path}: {what}: {detail}; nothing was changed")]
+    BankInvalid {
+        path: PathBuf,
+        what: String,
+        detail: String,
+    },
+
+    /// Any other failure of the bank's SQLite database (`doing` says what it was doing).
+    #[error("{path}: experience bank, {doing}: {detail}")]
+    Bank {
+        path: PathBuf,
+        doing: &'static str,
+        detail: String,
+    },
 
     #[error("model: {0}")]
     Model(String),
@@ -63,12 +110,16 @@ pub enum Error {
         detail: String,
     },
 
-    /// Misuse of a multi-turn token trace (e.g. an observation with no sampled turn before it).
-    #[error("token trace: {0}")]
-    Trace(String),
-
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
+
+    /// The skill creator holds `skills.queue` reflections already (queued or in flight).
+    #[error("skill creator: {pending} reflections are queued or in flight and {asked} more were asked for, but `skills.queue` is {capacity}; ask again at a later step, or raise `skills.queue`")]
+    ReflectionQueueFull {
+        pending: usize,
+        asked: usize,
+        capacity: usize,
+    },
 
     #[error("actor mailbox: {0}")]
     Mailbox(String),

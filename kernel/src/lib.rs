@@ -7,6 +7,7 @@
 
 pub mod actors;
 pub mod backend;
+pub mod bank;
 pub mod config;
 pub mod error;
 pub mod gateway;
@@ -15,6 +16,8 @@ pub mod objective;
 pub mod plugins;
 pub mod rollout;
 pub mod run;
+pub mod skills;
+pub mod stack;
 pub mod text;
 pub mod trainer;
 

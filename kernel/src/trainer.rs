@@ -3,8 +3,11 @@
 //! 1. **Resume** from the run directory's last checkpoint, if any.
 //! 2. **Warm start** (optional): expert demonstrations on training tasks, supervised epochs,
 //!    then a held-out evaluation (`after_warm_start`).
-//! 3. **RL**: per step, rollout → reward → signals (with resampling when the algorithm drops
-//!    groups) → record → optimise → skills; metrics to `metrics.jsonl`; checkpoints.
+//! 3. **RL**: the rollout producer plays step after step (rollout → reward → bank → bounded
+//!    queue), at most `rollout.max_staleness` policy versions ahead; the optimizer actor takes
+//!    each batch off the queue and trains it (scoring, signals with resampling, update,
+//!    `observe`). The driver only starts them and writes what each step reports:
+//!    `metrics.jsonl`, checkpoints, evaluations.
 //! 4. A final held-out evaluation (`after_rl`).
 //!
 //! Held-out (test-split) tasks are only ever played by evaluations, never trained on. The host
@@ -19,19 +22,19 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use crate::actors::bank::RecordBatch;
-use crate::actors::optimizer::{micro_batches, Optimise, PrepareBatch};
+use crate::actors::bank::{CheckpointBank, ResetBank, RestoreBank};
+use crate::actors::optimizer::{AttachFeed, Feed, SupervisedStep, TrainNext};
 use crate::actors::policy::{
-    ConfigureOptimizer, ExportModel, LoadCheckpoint, SaveCheckpoint, SnapshotReference, TrainStep,
+    ConfigureOptimizer, ExportModel, LoadCheckpoint, RetainVersions, SaveCheckpoint,
+    SnapshotReference,
 };
-use crate::actors::reward::FinaliseRewards;
-use crate::actors::rollout::{CollectDemonstrations, CollectGroups, EvalReport, Evaluate};
-use crate::actors::skills::ProposeSkills;
+use crate::actors::rollout::{
+    CollectDemonstrations, EvalReport, Evaluate, RunRollouts, StalenessGate,
+};
 use crate::actors::Pipeline;
 use crate::backend::{OptimizerSettings, Sequence};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
-use crate::loss::SftLoss;
 use crate::rollout::mix;
 use crate::run::{Phase, RunDir, StepRecord, TrainerState};
 
@@ -114,6 +117,13 @@ impl Trainer<'_> {
                     },
                 )
                 .await??;
+                // The bank as it was at the checkpoint; a checkpoint from before the bank
+                // existed had none, so the bank starts empty.
+                if crate::bank::snapshot_path(&dir).is_file() {
+                    ask(&self.pipeline.bank, RestoreBank { dir: dir.clone() }).await??;
+                } else {
+                    ask(&self.pipeline.bank, ResetBank).await??;
+                }
                 let algo_state = dir.join("algorithm.state");
                 if algo_state.is_file() {
                     let text = std::fs::read_to_string(&algo_state)
@@ -151,6 +161,8 @@ impl Trainer<'_> {
                     &self.run.root.join("config.toml"),
                     self.config.text.as_bytes(),
                 )?;
+                // A fresh start: entries an earlier attempt wrote into the run's bank go.
+                ask(&self.pipeline.bank, ResetBank).await??;
             }
         }
 
@@ -243,21 +255,8 @@ impl Trainer<'_> {
                         response_ids: demos[d].response_ids.clone(),
                     })
                     .collect();
-                let masks = sequences
-                    .iter()
-                    .map(|s| vec![1u8; s.response_ids.len()])
-                    .collect();
-                let micro = micro_batches(sequences.len(), self.config.optimizer.micro_batch_rows);
-                let (report, loss) = ask(
-                    &self.pipeline.policy,
-                    TrainStep {
-                        sequences,
-                        micro_batches: micro,
-                        temperature: 1.0,
-                        loss: SftLoss::new(masks),
-                    },
-                )
-                .await??;
+                let (report, loss) =
+                    ask(&self.pipeline.optimizer, SupervisedStep { sequences }).await??;
                 state.global_step += 1;
                 let mut values = Map::new();
                 values.insert("epoch".into(), json!(epoch));
@@ -290,8 +289,6 @@ impl Trainer<'_> {
 
     async fn reinforce(&mut self, state: &mut TrainerState, summary: &mut Summary) -> Result<()> {
         let steps = self.config.run.steps;
-        let b = self.config.rollout.tasks_per_step;
-        let dynamic = self.algorithm.lock().requirements().dynamic_sampling;
         self.emit(Event::PhaseStarted {
             name: "rl".into(),
             total: steps,
@@ -300,123 +297,72 @@ impl Trainer<'_> {
             done: state.rl_steps,
             message: String::new(),
         });
+        if state.rl_steps >= steps {
+            self.emit(Event::PhaseFinished);
+            return Ok(());
+        }
+        // Rollouts may run `lag` RL steps ahead: `max_staleness` policy versions, at
+        // `updates_per_batch` versions per step.
+        let k = self.config.rollout.max_staleness;
+        let lag = k / self.config.optimizer.updates_per_batch.max(1) as u64;
+        ask(&self.pipeline.policy, RetainVersions(k as usize + 1)).await??;
+        let gate = Arc::new(StalenessGate::new(lag, state.rl_steps));
+        let next_group_id = Arc::new(std::sync::atomic::AtomicU64::new(state.next_group_id));
+        let producer = if self.pipeline.gateway.is_none() {
+            let (tx, rx) = crossbeam::channel::bounded(lag.max(1) as usize);
+            ask(&self.pipeline.optimizer, AttachFeed(Feed::Queue(rx))).await?;
+            Some(self.pipeline.producer.send(RunRollouts {
+                steps: state.rl_steps..steps,
+                gate: gate.clone(),
+                next_group_id: next_group_id.clone(),
+                queue: tx,
+            }))
+        } else {
+            None
+        };
+        let result = self
+            .train_steps(state, summary, &gate, &next_group_id)
+            .await;
+        gate.close();
+        if let Some(producer) = producer {
+            // The producer has stopped (every step produced, or the gate closed): a failure
+            // of its own was already reported through the queue.
+            let produced = producer.await.map_err(Error::from)?;
+            if result.is_ok() {
+                produced?;
+            }
+        }
+        result?;
+        self.emit(Event::PhaseFinished);
+        Ok(())
+    }
+
+    async fn train_steps(
+        &mut self,
+        state: &mut TrainerState,
+        summary: &mut Summary,
+        gate: &StalenessGate,
+        next_group_id: &Arc<std::sync::atomic::AtomicU64>,
+    ) -> Result<()> {
+        let steps = self.config.run.steps;
         while state.rl_steps < steps {
-            let step = state.rl_steps;
-            let started = Instant::now();
-            let mut rows = Vec::new();
-            let mut aborted = 0usize;
-            let mut sampled_tokens = 0usize;
-            let mut rollout_secs = 0.0;
-            let mut round = 0u32;
-            let mut groups_wanted = b;
-            let prepared = loop {
-                let t = Instant::now();
-                let rollouts = self
-                    .collect(CollectGroups {
-                        step,
-                        round,
-                        groups: groups_wanted,
-                        first_group_id: state.next_group_id,
-                    })
-                    .await?;
-                rollout_secs += t.elapsed().as_secs_f64();
-                state.next_group_id += groups_wanted as u64;
-                aborted += rollouts.aborted.len();
-                sampled_tokens += rollouts.sampled_tokens;
-                rows.extend(rollouts.rows);
-                let finalised = ask(
-                    &self.pipeline.reward,
-                    FinaliseRewards {
-                        step,
-                        rows: rows.clone(),
-                    },
-                )
-                .await?;
-                let prepared = ask(
-                    &self.pipeline.optimizer,
-                    PrepareBatch {
-                        batch: finalised.batch,
-                    },
-                )
-                .await??;
-                let groups: std::collections::HashSet<u64> =
-                    prepared.batch.rows.iter().map(|r| r.group_id).collect();
-                let kept = groups
-                    .len()
-                    .saturating_sub(prepared.signals.dropped_groups.len());
-                if !dynamic || kept >= b || round >= self.config.rollout.max_resample_rounds {
-                    break prepared;
-                }
-                round += 1;
-                groups_wanted = b - kept;
-            };
-            let mut values = Map::new();
-            for (k, v) in
-                crate::objective::metrics::batch_metrics(&prepared.batch, &prepared.signals)
-            {
-                values.insert(k, json!(v));
-            }
-            for (k, v) in &prepared.metrics {
-                values.insert(k.clone(), json!(v));
-            }
-            values.insert("episodes_aborted".into(), json!(aborted));
-            values.insert("resample_rounds".into(), json!(round));
-            values.insert(
-                "tokens_per_s".into(),
-                json!(sampled_tokens as f64 / rollout_secs.max(1e-9)),
-            );
-            values.insert("rollout_time_s".into(), json!(rollout_secs));
-            let record_batch = prepared.batch.clone();
-            let signals_for_skills =
-                self.config.skills.every > 0 && step.is_multiple_of(self.config.skills.every);
-            ask(
-                &self.pipeline.bank,
-                RecordBatch {
-                    batch: record_batch.clone(),
+            let outcome = ask(
+                &self.pipeline.optimizer,
+                TrainNext {
+                    step: state.rl_steps,
+                    next_group_id: next_group_id.clone(),
                 },
             )
             .await??;
-            let t = Instant::now();
-            let optimised = self.optimise(prepared).await?;
-            let train_secs = t.elapsed().as_secs_f64();
-            if signals_for_skills {
-                let added = ask(
-                    &self.pipeline.skills,
-                    ProposeSkills {
-                        batch: record_batch,
-                    },
-                )
-                .await?;
-                values.insert("skills_added".into(), json!(added));
-            }
-            if let Some(loss) = optimised.losses.last() {
-                if let Value::Object(m) = serde_json::to_value(loss).unwrap_or(Value::Null) {
-                    values.extend(m);
-                }
-            }
-            let trained: usize = optimised.steps.iter().map(|s| s.tokens).sum();
-            if let Some(s) = optimised.steps.last() {
-                values.insert("grad_norm".into(), json!(s.grad_norm));
-            }
-            values.insert(
-                "train_tokens_per_s".into(),
-                json!(trained as f64 / train_secs.max(1e-9)),
-            );
-            values.insert("train_time_s".into(), json!(train_secs));
-            values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
-            let version = optimised
-                .steps
-                .last()
-                .map(|s| s.policy_version)
-                .unwrap_or(0);
+            state.next_group_id = next_group_id.load(std::sync::atomic::Ordering::SeqCst);
             state.rl_steps += 1;
             state.global_step += 1;
             let record = StepRecord {
                 step: state.global_step,
                 phase: "rl".into(),
                 rl_step: Some(state.rl_steps),
-                policy_version: version,
-                values,
+                policy_version: outcome.policy_version,
+                values: outcome.values,
             };
             RunDir::append_jsonl(&self.run.metrics_path(), &record)?;
             let message = format!(
@@ -448,33 +394,12 @@ impl Trainer<'_> {
                 let report = self.evaluate(&label, state).await?;
                 summary.evals.push((label, report));
             }
+            // Only now may the producer start step `rl_steps + lag`: at k = 0 the next
+            // rollout sees this step's update, checkpoint and evaluation, as in synchronous
+            // training.
+            gate.advance(state.rl_steps);
         }
-        self.emit(Event::PhaseFinished);
         Ok(())
-    }
-
-    /// A step's rollouts: from the rollout actor, or (gateway source) from the harness's
-    /// finished episodes.
-    async fn collect(&self, msg: CollectGroups) -> Result<crate::rollout::Rollouts> {
-        match &self.pipeline.gateway {
-            Some(gateway) => gateway.collect.send(msg).await.map_err(Error::from)?,
-            None => ask(&self.pipeline.rollout, msg).await?,
-        }
-    }
-
-    /// The weight update. With the gateway, generation is paused around it (in-flight batches
-    /// drain first), so every response is sampled by one known policy version.
-    async fn optimise(
-        &self,
-        prepared: crate::actors::optimizer::Prepared,
-    ) -> Result<crate::actors::optimizer::Optimised> {
-        let Some(gateway) = &self.pipeline.gateway else {
-            return ask(&self.pipeline.optimizer, Optimise { prepared }).await?;
-        };
-        gateway.pause.send(crate::gateway::PauseSampling).await?;
-        let optimised = ask(&self.pipeline.optimizer, Optimise { prepared }).await;
-        gateway.resume.send(crate::gateway::ResumeSampling).await?;
-        optimised?
     }
 
     /// Plays the held-out tasks and records the result.
@@ -523,6 +448,7 @@ impl Trainer<'_> {
             },
         )
         .await??;
+        ask(&self.pipeline.bank, CheckpointBank { dir: dir.clone() }).await??;
         let algo = self.algorithm.lock().save_state()?;
         crate::run::write_atomic(&dir.join("algorithm.state"), algo.as_bytes())?;
         self.run.save_state(&dir, state)?;

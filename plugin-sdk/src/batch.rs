@@ -1,7 +1,7 @@
 //! Plain-data batch types: the turn rows a rollout produces and the signals an algorithm
 //! returns for them.
 //!
-//! A [`TurnRow`] is one LLM call of one trajectory (algorithms.md §0, "row"). Rows carry the
+//! A [`TurnRow`] is one LLM call of one trajectory (docs/algorithms/kernel-contract.md, P1). Rows carry the
 //! exact token ids the policy saw and sampled, never re-tokenised text. [`Batch`] serialises to
 //! the documented JSON form read by `cairn signals` and `cairn loss` (see `docs/batch-json.md`).
 
@@ -34,8 +34,12 @@ pub struct ContextVariant {
     pub label: String,
     /// Text injected into the prompt for this slot (empty: none).
     pub inject: String,
-    /// Whether tools are offered to this slot.
+    /// Whether tools are offered to this slot. `false` removes the tool schema from the
+    /// prompt, and the environment refuses tool calls.
     pub tools_enabled: bool,
+    /// Plugin-defined data (e.g. injected entry ids, a skill version), a JSON object. Recorded
+    /// on every row of the slot, so new algorithm data never needs an ABI change.
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for ContextVariant {
@@ -44,6 +48,7 @@ impl Default for ContextVariant {
             label: "plain".into(),
             inject: String::new(),
             tools_enabled: true,
+            extra: Default::default(),
         }
     }
 }
@@ -96,6 +101,20 @@ pub struct TurnRow {
     pub tool_calls: u32,
     /// Anything else the environment reports, as a JSON object.
     pub info: serde_json::Map<String, serde_json::Value>,
+    /// Plugin- or kernel-defined row data (JSON object) that is neither environment info nor
+    /// a context field; crosses the ABI as JSON.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+    /// `ℓ_old`, `[L]`: log-probs of `response_ids` recomputed by the kernel before the update
+    /// (or the sampled ones, when the weights have not changed and reuse is on). Empty until
+    /// the optimizer actor fills it in; plugins read it in `signals`.
+    pub old_logprobs: Vec<f32>,
+    /// `ℓ_ref`, `[L]`: log-probs under the reference policy. Empty when no reference pass runs
+    /// (KL off and no plugin asked for it).
+    pub ref_logprobs: Vec<f32>,
+    /// Train `response_ids` under these prompt ids instead of `prompt_ids` (a
+    /// training-context override; `ℓ_old` is then recomputed under them). `prompt_ids` keeps
+    /// what the policy really saw.
+    pub train_prompt_ids: Option<Vec<u32>>,
 }
 
 impl TurnRow {
@@ -110,12 +129,30 @@ impl TurnRow {
                 self.response_mask.len()
             )));
         }
+        for (what, v) in [
+            ("old_logprobs", &self.old_logprobs),
+            ("ref_logprobs", &self.ref_logprobs),
+        ] {
+            if !v.is_empty() && v.len() != l {
+                return Err(PluginError::input(format!(
+                    "row {index}: {what} has {} entries for {l} response tokens; give one per \
+                     token or leave it empty",
+                    v.len()
+                )));
+            }
+        }
         if let Some(&m) = self.response_mask.iter().find(|&&m| m > 1) {
             return Err(PluginError::input(format!(
                 "row {index}: response_mask holds {m}; a mask entry is 0 or 1"
             )));
         }
         Ok(())
+    }
+
+    /// The prompt the optimizer trains this row under: [`TurnRow::train_prompt_ids`] when set,
+    /// else the prompt the policy saw.
+    pub fn train_prompt(&self) -> &[u32] {
+        self.train_prompt_ids.as_deref().unwrap_or(&self.prompt_ids)
     }
 
     /// Number of trainable (mask 1) tokens.
@@ -162,7 +199,7 @@ impl Batch {
     }
 }
 
-/// A named auxiliary C-type term (algorithms.md §0): the optimizer adds
+/// A named auxiliary C-type term (docs/algorithms/kernel-contract.md): the optimizer adds
 /// `coef · agg_l(c_l · ℓ^S_l)` with `c_l` detached, no ratio and no clip.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -178,10 +215,18 @@ pub struct AuxTerm {
 #[serde(default, deny_unknown_fields)]
 pub struct Signals {
     /// Per row, per response token advantage for the clipped surrogate (A); same shape as the
-    /// batch's responses. Entries on mask-0 tokens are ignored.
+    /// batch's responses. Entries on mask-0 tokens are ignored. Empty: no advantages (what a
+    /// stacked planner or auxiliary plugin returns; the estimator must give them).
     pub advantages: Vec<Vec<f32>>,
     /// Auxiliary log-prob terms (C).
     pub aux: Vec<AuxTerm>,
+    /// Teacher-target terms (distillation toward a teacher distribution), with live gradients
+    /// through the student.
+    pub teacher: Vec<TeacherTerm>,
+    /// Rows trained in addition to the batch's (auxiliary rows: a response trained under a
+    /// context it was not sampled with, via [`TurnRow::train_prompt_ids`]). Per-token arrays of
+    /// this `Signals` cover `batch.rows` followed by these rows.
+    pub extra_rows: Vec<TurnRow>,
     /// Groups the plugin drops from this step (dynamic sampling); their rows are not trained on.
     pub dropped_groups: Vec<u64>,
     /// Scalar metrics to log for this step (name, value).
@@ -189,29 +234,39 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Checks that the per-token arrays match the batch's response shapes.
+    /// Checks that the per-token arrays match the shapes of the batch's rows followed by
+    /// [`Signals::extra_rows`], and that teacher targets name existing rows.
     pub fn validate_against(&self, batch: &Batch) -> Result<()> {
-        check_shape("advantages", &self.advantages, batch)?;
+        let rows: Vec<&TurnRow> = batch.rows.iter().chain(&self.extra_rows).collect();
+        for (i, row) in self.extra_rows.iter().enumerate() {
+            row.validate(batch.rows.len() + i)?;
+        }
+        if !self.advantages.is_empty() {
+            check_shape("advantages", &self.advantages, &rows)?;
+        }
         for term in &self.aux {
             check_shape(
                 &format!("aux term `{}`", term.name),
                 &term.coefficients,
-                batch,
+                &rows,
             )?;
+        }
+        for term in &self.teacher {
+            term.validate(&rows)?;
         }
         Ok(())
     }
 }
 
-fn check_shape(what: &str, values: &[Vec<f32>], batch: &Batch) -> Result<()> {
-    if values.len() != batch.rows.len() {
+fn check_shape(what: &str, values: &[Vec<f32>], rows: &[&TurnRow]) -> Result<()> {
+    if values.len() != rows.len() {
         return Err(PluginError::input(format!(
-            "{what} has {} rows but the batch has {}",
+            "{what} has {} rows but the batch has {} (rows then extra rows)",
             values.len(),
-            batch.rows.len()
+            rows.len()
         )));
     }
-    for (i, (v, row)) in values.iter().zip(&batch.rows).enumerate() {
+    for (i, (v, row)) in values.iter().zip(rows).enumerate() {
         if v.len() != row.response_ids.len() {
             return Err(PluginError::input(format!(
                 "{what}: row {i} has {} values but {} response tokens",
@@ -221,4 +276,112 @@ fn check_shape(what: &str, values: &[Vec<f32>], batch: &Batch) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How a teacher-target term compares student and teacher.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TeacherForm {
+    /// Reverse KL on the policy's own sampled tokens (EDGE, arXiv 2608.21946, "distillation
+    /// loss"): per token `w · sg(ℓ^S − ℓ^T) · ℓ^S`, whose gradient `w (ℓ^S − ℓ^T) ∇ℓ^S` is
+    /// the score-function estimator of `∇ KL(π_θ(·|x) ‖ π_T(·|x'))` on sampled tokens.
+    #[default]
+    SampledReverseKl,
+    /// Reverse KL on the teacher's top-k support: both distributions renormalised over the
+    /// teacher's `k` ids, per token `w · Σ_v p^S(v) (log p^S(v) − log p^T(v))`.
+    TopKReverseKl { k: u32 },
+}
+
+/// Where a row's teacher log-probs come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TeacherSource {
+    /// A live teacher: the same weights as the update step, no grad, on the row's response
+    /// after `context_ids` (EDGE's teacher). Computed inside each optimizer step, so it never
+    /// goes stale across several updates per batch.
+    Context { context_ids: Vec<u32> },
+    /// Fixed, detached teacher scores (e.g. from [`crate::Host::score`] with rollout-time
+    /// weights, as OPID does): `logprobs` `[L]` of the sampled ids, and for the top-k form
+    /// `top_ids` / `top_logprobs` `[L, k]` row-major.
+    Fixed {
+        logprobs: Vec<f32>,
+        #[serde(default)]
+        top_ids: Vec<u32>,
+        #[serde(default)]
+        top_logprobs: Vec<f32>,
+    },
+}
+
+/// One row's teacher target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TeacherTarget {
+    /// Index into the batch's rows followed by [`Signals::extra_rows`].
+    pub row: usize,
+    /// Per-token weight `w_l`, `[L]` (0: not distilled). Mask-0 tokens are never distilled.
+    pub weights: Vec<f32>,
+    pub source: TeacherSource,
+}
+
+/// A named teacher-target term: `coef · agg_l(per-token term)` over the active tokens of its
+/// targets, aggregated with the objective's mode.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TeacherTerm {
+    pub name: String,
+    pub coef: f32,
+    pub form: TeacherForm,
+    pub targets: Vec<TeacherTarget>,
+}
+
+impl TeacherTerm {
+    /// Checks row indices and per-token shapes against `rows`.
+    pub fn validate(&self, rows: &[&TurnRow]) -> Result<()> {
+        for t in &self.targets {
+            let Some(row) = rows.get(t.row) else {
+                return Err(PluginError::input(format!(
+                    "teacher term `{}` targets row {} but the batch has {} rows",
+                    self.name,
+                    t.row,
+                    rows.len()
+                )));
+            };
+            let l = row.response_ids.len();
+            if t.weights.len() != l {
+                return Err(PluginError::input(format!(
+                    "teacher term `{}`: row {} has {} weights for {l} response tokens",
+                    self.name,
+                    t.row,
+                    t.weights.len()
+                )));
+            }
+            if let TeacherSource::Fixed {
+                logprobs,
+                top_ids,
+                top_logprobs,
+            } = &t.source
+            {
+                let k = match self.form {
+                    TeacherForm::TopKReverseKl { k } => k as usize,
+                    TeacherForm::SampledReverseKl => 0,
+                };
+                if (k == 0 && logprobs.len() != l)
+                    || top_ids.len() != l * k
+                    || top_logprobs.len() != l * k
+                {
+                    return Err(PluginError::input(format!(
+                        "teacher term `{}`: row {} has {} teacher log-probs and {} / {} top-k \
+                         entries; expected {} and {} (L = {l}, k = {k})",
+                        self.name,
+                        t.row,
+                        logprobs.len(),
+                        top_ids.len(),
+                        top_logprobs.len(),
+                        if k == 0 { l } else { logprobs.len() },
+                        l * k
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -74,6 +74,14 @@ pub struct Observation {
     pub anchor: Option<String>,
     /// Actions the environment accepts now.
     pub admissible_actions: Vec<String>,
+    /// Tools offered at this turn, as OpenAI-style function schemas
+    /// (`{"type": "function", "function": {"name", "description", "parameters"}}`). The kernel
+    /// renders them through the chat template's `tools` argument, and only for slots whose
+    /// [`ContextVariant::tools_enabled`] is true; an environment started with tools off should
+    /// offer none and refuse tool calls (feedback −1, not executed). Crosses the ABI inside the
+    /// observation's JSON, so adding it needed no ABI change; absent in JSON means none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// The result of one environment step.

@@ -17,12 +17,26 @@ use abi_stable::{
 #[doc(hidden)]
 pub use abi_stable::std_types::{RResult, RStr};
 
-use crate::algorithm::{Algorithm, GroupRequest};
+use crate::algorithm::{Algorithm, GroupRequest, StepReport, TurnContextRequest};
+use crate::bank::{BankQuery, NewEntry, ReflectionRequest, Retrieved, StatsUpdate};
 use crate::batch::{Batch, ContextVariant};
 use crate::env::{Environment, Episode, Split, TaskRef};
 use crate::error::{ErrorKind, PluginError, Result};
 use crate::ffi::*;
-use crate::host::{GenerateRequest, Generation, Host, ScoreRequest};
+use crate::host::{
+    GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, ScoreWeights, Scored,
+};
+
+/// The services a plugin reaches through [`FfiHost::call_json`]: method name, payload type,
+/// result type. A host answers an unknown name with a `Host` error, so a plugin built for a
+/// newer SDK gets a clear refusal from an older host instead of undefined behaviour.
+pub const HOST_METHODS: &[(&str, &str, &str)] = &[
+    ("render_prompt", "RenderRequest", "Vec<u32>"),
+    ("bank_query", "BankQuery", "Vec<Retrieved>"),
+    ("bank_put", "Vec<NewEntry>", "Vec<u64>"),
+    ("bank_update", "Vec<StatsUpdate>", "()"),
+    ("reflect", "Vec<ReflectionRequest>", "Vec<u64>"),
+];
 
 /// Runs `f`, turning an `Err` or a panic into an FFI error.
 pub fn guard<T>(f: impl FnOnce() -> Result<T>) -> RResult<T, FfiError> {
@@ -33,7 +47,11 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T>) -> RResult<T, FfiError> {
     }
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> Result<RString> {
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| PluginError::input(format!("malformed {what}: {e}")))
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<RString> {
     serde_json::to_string(value)
         .map(RString::from)
         .map_err(|e| PluginError::internal(format!("serialising to JSON: {e}")))
@@ -47,11 +65,14 @@ impl<A: Algorithm> FfiAlgorithm for AlgorithmAdapter<A> {
         guard(|| to_json(&self.0.requirements()))
     }
 
-    fn plan_group(&mut self, request_json: RStr<'_>) -> RResult<RVec<FfiContextVariant>, FfiError> {
+    fn plan_group(
+        &mut self,
+        request_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<RVec<FfiContextVariant>, FfiError> {
         guard(|| {
-            let request: GroupRequest = serde_json::from_str(request_json.as_str())
-                .map_err(|e| PluginError::input(format!("group request: {e}")))?;
-            let plan = self.0.plan_group(&request)?;
+            let request: GroupRequest = from_json("group request", request_json.as_str())?;
+            let plan = self.0.plan_group(&request, &ForeignHost(host))?;
             if plan.len() != request.group_size as usize {
                 return Err(PluginError::internal(format!(
                     "plan_group returned {} variants for a group of {}",
@@ -63,12 +84,37 @@ impl<A: Algorithm> FfiAlgorithm for AlgorithmAdapter<A> {
         })
     }
 
+    fn next_context(
+        &mut self,
+        request_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<RString, FfiError> {
+        guard(|| {
+            let request: TurnContextRequest =
+                from_json("turn context request", request_json.as_str())?;
+            to_json(&self.0.next_context(&request, &ForeignHost(host))?)
+        })
+    }
+
     fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError> {
         guard(|| {
             let batch = Batch::try_from(batch)?;
             let host = ForeignHost(host);
             let signals = self.0.signals(&batch, &host)?;
             Ok(signals.into())
+        })
+    }
+
+    fn observe(
+        &mut self,
+        batch: &FfiBatch,
+        report_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<(), FfiError> {
+        guard(|| {
+            let mut report: StepReport = from_json("step report", report_json.as_str())?;
+            report.batch = Batch::try_from(batch)?;
+            self.0.observe(&report, &ForeignHost(host))
         })
     }
 
@@ -118,7 +164,7 @@ impl<E: Environment> FfiEnvironment for EnvironmentAdapter<E> {
         variant: &FfiContextVariant,
     ) -> RResult<FfiEpisodeBox, FfiError> {
         guard(|| {
-            let variant = ContextVariant::from(variant);
+            let variant = ContextVariant::try_from(variant)?;
             let episode = self.0.start(TaskRef { split, index }, seed, &variant)?;
             Ok(FfiEpisode_TO::from_value(
                 EpisodeAdapter(episode),
@@ -131,19 +177,29 @@ impl<E: Environment> FfiEnvironment for EnvironmentAdapter<E> {
 /// The host's callbacks, as a plugin sees them.
 pub struct ForeignHost<'a>(pub FfiHostRef<'a>);
 
+impl ForeignHost<'_> {
+    fn call<P: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        payload: &P,
+    ) -> Result<R> {
+        let payload = to_json(payload)?;
+        let text = self
+            .0
+            .call_json(method.into(), payload.as_str().into())
+            .into_result()
+            .map_err(PluginError::from)?;
+        from_json(&format!("host reply to `{method}`"), text.as_str())
+    }
+}
+
 impl Host for ForeignHost<'_> {
-    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Vec<f32>>> {
-        let requests = requests
-            .iter()
-            .map(|r| FfiScoreRequest {
-                context_ids: r.context_ids.as_slice().into(),
-                response_ids: r.response_ids.as_slice().into(),
-            })
-            .collect();
+    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
+        let requests = requests.iter().map(FfiScoreRequest::from).collect();
         self.0
             .score(requests)
             .into_result()
-            .map(|v| v.into_iter().map(RVec::into_vec).collect())
+            .map(|v| v.into_iter().map(Scored::from).collect())
             .map_err(PluginError::from)
     }
 
@@ -181,8 +237,115 @@ impl Host for ForeignHost<'_> {
             .map_err(PluginError::from)
     }
 
+    fn render_prompt(&self, request: &RenderRequest) -> Result<Vec<u32>> {
+        self.call("render_prompt", request)
+    }
+
+    fn bank_query(&self, query: &BankQuery) -> Result<Vec<Retrieved>> {
+        self.call("bank_query", query)
+    }
+
+    fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
+        self.call("bank_put", &entries)
+    }
+
+    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
+        self.call("bank_update", &updates)
+    }
+
+    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
+        self.call("reflect", &requests)
+    }
+
     fn log_metric(&self, name: &str, value: f64) {
         self.0.log_metric(name.into(), value)
+    }
+}
+
+impl From<&ScoreRequest> for FfiScoreRequest {
+    fn from(r: &ScoreRequest) -> Self {
+        let (weights, version) = match r.weights {
+            ScoreWeights::Current => (0, 0),
+            ScoreWeights::Version(v) => (1, v),
+            ScoreWeights::Reference => (2, 0),
+        };
+        FfiScoreRequest {
+            context_ids: r.context_ids.as_slice().into(),
+            response_ids: r.response_ids.as_slice().into(),
+            weights,
+            version,
+            temperature: r.temperature.unwrap_or(f32::NAN),
+            top_k: r.top_k,
+        }
+    }
+}
+
+impl TryFrom<FfiScoreRequest> for ScoreRequest {
+    type Error = PluginError;
+    fn try_from(r: FfiScoreRequest) -> Result<Self> {
+        let weights = match r.weights {
+            0 => ScoreWeights::Current,
+            1 => ScoreWeights::Version(r.version),
+            2 => ScoreWeights::Reference,
+            other => {
+                return Err(PluginError::input(format!(
+                    "score request names weights {other}; 0 (current), 1 (version) or 2 \
+                     (reference)"
+                )))
+            }
+        };
+        Ok(ScoreRequest {
+            context_ids: r.context_ids.into_vec(),
+            response_ids: r.response_ids.into_vec(),
+            weights,
+            temperature: (!r.temperature.is_nan()).then_some(r.temperature),
+            top_k: r.top_k,
+        })
+    }
+}
+
+impl From<FfiScored> for Scored {
+    fn from(s: FfiScored) -> Self {
+        Scored {
+            logprobs: s.logprobs.into_vec(),
+            top_ids: s.top_ids.into_vec(),
+            top_logprobs: s.top_logprobs.into_vec(),
+        }
+    }
+}
+
+impl From<Scored> for FfiScored {
+    fn from(s: Scored) -> Self {
+        FfiScored {
+            logprobs: s.logprobs.into(),
+            top_ids: s.top_ids.into(),
+            top_logprobs: s.top_logprobs.into(),
+        }
+    }
+}
+
+/// Answers a [`FfiHost::call_json`] call on the host side: decodes the payload, calls the
+/// [`Host`] method, encodes the result.
+pub(crate) fn dispatch_host_call(host: &dyn Host, method: &str, payload: &str) -> Result<RString> {
+    match method {
+        "render_prompt" => to_json(&host.render_prompt(&from_json(method, payload)?)?),
+        "bank_query" => to_json(&host.bank_query(&from_json(method, payload)?)?),
+        "bank_put" => to_json(&host.bank_put(&from_json::<Vec<NewEntry>>(method, payload)?)?),
+        "bank_update" => {
+            to_json(&host.bank_update(&from_json::<Vec<StatsUpdate>>(method, payload)?)?)
+        }
+        "reflect" => {
+            to_json(&host.reflect(&from_json::<Vec<ReflectionRequest>>(method, payload)?)?)
+        }
+        other => Err(PluginError::host(format!(
+            "the host has no service `{other}` (it offers {}); the plugin was built for a \
+             newer Cairn",
+            HOST_METHODS
+                .iter()
+                .map(|m| m.0)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 

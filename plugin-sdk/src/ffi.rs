@@ -23,7 +23,10 @@ use abi_stable::{
     StableAbi,
 };
 
-use crate::batch::{AuxTerm, Batch, ContextVariant, FinishReason, Signals, TurnRow};
+use crate::batch::{
+    AuxTerm, Batch, ContextVariant, FinishReason, Signals, TeacherForm, TeacherSource,
+    TeacherTarget, TeacherTerm, TurnRow,
+};
 use crate::env::Split;
 use crate::error::{ErrorKind, PluginError};
 
@@ -87,6 +90,8 @@ pub struct FfiContextVariant {
     pub label: RString,
     pub inject: RString,
     pub tools_enabled: bool,
+    /// JSON object text of [`ContextVariant::extra`] (empty: `{}`).
+    pub extra_json: RString,
 }
 
 impl From<&ContextVariant> for FfiContextVariant {
@@ -95,18 +100,42 @@ impl From<&ContextVariant> for FfiContextVariant {
             label: v.label.as_str().into(),
             inject: v.inject.as_str().into(),
             tools_enabled: v.tools_enabled,
+            extra_json: map_to_json(&v.extra),
         }
     }
 }
 
-impl From<&FfiContextVariant> for ContextVariant {
-    fn from(v: &FfiContextVariant) -> Self {
-        ContextVariant {
+impl TryFrom<&FfiContextVariant> for ContextVariant {
+    type Error = PluginError;
+    fn try_from(v: &FfiContextVariant) -> Result<Self, PluginError> {
+        Ok(ContextVariant {
             label: v.label.to_string(),
             inject: v.inject.to_string(),
             tools_enabled: v.tools_enabled,
-        }
+            extra: map_from_json("context variant extra", &v.extra_json)?,
+        })
     }
+}
+
+type JsonMap = serde_json::Map<String, serde_json::Value>;
+
+/// A JSON object's text; the empty map is the empty string (the common case costs nothing).
+pub(crate) fn map_to_json(m: &JsonMap) -> RString {
+    if m.is_empty() {
+        RString::new()
+    } else {
+        serde_json::to_string(m)
+            .expect("a JSON map always serialises")
+            .into()
+    }
+}
+
+pub(crate) fn map_from_json(what: &str, text: &RString) -> Result<JsonMap, PluginError> {
+    if text.is_empty() {
+        return Ok(JsonMap::new());
+    }
+    serde_json::from_str(text.as_str())
+        .map_err(|e| PluginError::input(format!("{what} is not a JSON object: {e}")))
 }
 
 /// FFI form of [`TurnRow`].
@@ -134,6 +163,11 @@ pub struct FfiTurnRow {
     pub tool_calls: u32,
     /// JSON object text.
     pub info_json: RString,
+    /// JSON object text of [`TurnRow::extra`].
+    pub extra_json: RString,
+    pub old_logprobs: RVec<f32>,
+    pub ref_logprobs: RVec<f32>,
+    pub train_prompt_ids: ROption<RVec<u32>>,
 }
 
 impl From<&TurnRow> for FfiTurnRow {
@@ -158,9 +192,11 @@ impl From<&TurnRow> for FfiTurnRow {
             observation: r.observation.as_str().into(),
             feedback: r.feedback,
             tool_calls: r.tool_calls,
-            info_json: serde_json::to_string(&r.info)
-                .expect("a JSON map always serialises")
-                .into(),
+            info_json: map_to_json(&r.info),
+            extra_json: map_to_json(&r.extra),
+            old_logprobs: r.old_logprobs.as_slice().into(),
+            ref_logprobs: r.ref_logprobs.as_slice().into(),
+            train_prompt_ids: r.train_prompt_ids.as_deref().map(RVec::from).into(),
         }
     }
 }
@@ -168,19 +204,13 @@ impl From<&TurnRow> for FfiTurnRow {
 impl TryFrom<&FfiTurnRow> for TurnRow {
     type Error = PluginError;
     fn try_from(r: &FfiTurnRow) -> Result<Self, PluginError> {
-        let info = if r.info_json.is_empty() {
-            Default::default()
-        } else {
-            serde_json::from_str(r.info_json.as_str())
-                .map_err(|e| PluginError::input(format!("row info is not a JSON object: {e}")))?
-        };
         Ok(TurnRow {
             group_id: r.group_id,
             trajectory_id: r.trajectory_id,
             turn: r.turn,
             task_id: r.task_id.to_string(),
             policy_version: r.policy_version,
-            variant: (&r.variant).into(),
+            variant: ContextVariant::try_from(&r.variant)?,
             prompt_ids: r.prompt_ids.to_vec(),
             response_ids: r.response_ids.to_vec(),
             response_logprobs: r.response_logprobs.to_vec(),
@@ -194,7 +224,15 @@ impl TryFrom<&FfiTurnRow> for TurnRow {
             observation: r.observation.to_string(),
             feedback: r.feedback,
             tool_calls: r.tool_calls,
-            info,
+            info: map_from_json("row info", &r.info_json)?,
+            extra: map_from_json("row extra", &r.extra_json)?,
+            old_logprobs: r.old_logprobs.to_vec(),
+            ref_logprobs: r.ref_logprobs.to_vec(),
+            train_prompt_ids: r
+                .train_prompt_ids
+                .as_ref()
+                .map(|p| p.to_vec())
+                .into_option(),
         })
     }
 }
@@ -253,8 +291,110 @@ pub struct FfiMetric {
 pub struct FfiSignals {
     pub advantages: RVec<RVec<f32>>,
     pub aux: RVec<FfiAuxTerm>,
+    pub teacher: RVec<FfiTeacherTerm>,
+    pub extra_rows: RVec<FfiTurnRow>,
     pub dropped_groups: RVec<u64>,
     pub metrics: RVec<FfiMetric>,
+}
+
+/// FFI form of [`TeacherTerm`]: the form as JSON, the targets as flat arrays.
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiTeacherTerm {
+    pub name: RString,
+    pub coef: f32,
+    /// [`TeacherForm`] as JSON.
+    pub form_json: RString,
+    pub targets: RVec<FfiTeacherTarget>,
+}
+
+/// FFI form of [`TeacherTarget`]: `live` selects [`TeacherSource::Context`] (`context_ids`)
+/// or [`TeacherSource::Fixed`] (`logprobs`, `top_ids`, `top_logprobs`).
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiTeacherTarget {
+    pub row: u64,
+    pub weights: RVec<f32>,
+    pub live: bool,
+    pub context_ids: RVec<u32>,
+    pub logprobs: RVec<f32>,
+    pub top_ids: RVec<u32>,
+    pub top_logprobs: RVec<f32>,
+}
+
+impl From<TeacherTerm> for FfiTeacherTerm {
+    fn from(t: TeacherTerm) -> Self {
+        FfiTeacherTerm {
+            name: t.name.into(),
+            coef: t.coef,
+            form_json: serde_json::to_string(&t.form)
+                .expect("a teacher form always serialises")
+                .into(),
+            targets: t
+                .targets
+                .into_iter()
+                .map(|t| {
+                    let mut out = FfiTeacherTarget {
+                        row: t.row as u64,
+                        weights: t.weights.into(),
+                        live: false,
+                        context_ids: RVec::new(),
+                        logprobs: RVec::new(),
+                        top_ids: RVec::new(),
+                        top_logprobs: RVec::new(),
+                    };
+                    match t.source {
+                        TeacherSource::Context { context_ids } => {
+                            out.live = true;
+                            out.context_ids = context_ids.into();
+                        }
+                        TeacherSource::Fixed {
+                            logprobs,
+                            top_ids,
+                            top_logprobs,
+                        } => {
+                            out.logprobs = logprobs.into();
+                            out.top_ids = top_ids.into();
+                            out.top_logprobs = top_logprobs.into();
+                        }
+                    }
+                    out
+                })
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<FfiTeacherTerm> for TeacherTerm {
+    type Error = PluginError;
+    fn try_from(t: FfiTeacherTerm) -> Result<Self, PluginError> {
+        let form: TeacherForm = serde_json::from_str(t.form_json.as_str())
+            .map_err(|e| PluginError::input(format!("teacher term `{}`: bad form: {e}", t.name)))?;
+        Ok(TeacherTerm {
+            name: t.name.into(),
+            coef: t.coef,
+            form,
+            targets: t
+                .targets
+                .into_iter()
+                .map(|t| TeacherTarget {
+                    row: t.row as usize,
+                    weights: t.weights.into_vec(),
+                    source: if t.live {
+                        TeacherSource::Context {
+                            context_ids: t.context_ids.into_vec(),
+                        }
+                    } else {
+                        TeacherSource::Fixed {
+                            logprobs: t.logprobs.into_vec(),
+                            top_ids: t.top_ids.into_vec(),
+                            top_logprobs: t.top_logprobs.into_vec(),
+                        }
+                    },
+                })
+                .collect(),
+        })
+    }
 }
 
 fn nested_to_ffi(v: Vec<Vec<f32>>) -> RVec<RVec<f32>> {
@@ -278,6 +418,8 @@ impl From<Signals> for FfiSignals {
                     coefficients: nested_to_ffi(t.coefficients),
                 })
                 .collect(),
+            teacher: s.teacher.into_iter().map(FfiTeacherTerm::from).collect(),
+            extra_rows: s.extra_rows.iter().map(FfiTurnRow::from).collect(),
             dropped_groups: s.dropped_groups.into(),
             metrics: s
                 .metrics
@@ -291,9 +433,10 @@ impl From<Signals> for FfiSignals {
     }
 }
 
-impl From<FfiSignals> for Signals {
-    fn from(s: FfiSignals) -> Self {
-        Signals {
+impl TryFrom<FfiSignals> for Signals {
+    type Error = PluginError;
+    fn try_from(s: FfiSignals) -> Result<Self, PluginError> {
+        Ok(Signals {
             advantages: nested_from_ffi(s.advantages),
             aux: s
                 .aux
@@ -304,13 +447,23 @@ impl From<FfiSignals> for Signals {
                     coefficients: nested_from_ffi(t.coefficients),
                 })
                 .collect(),
+            teacher: s
+                .teacher
+                .into_iter()
+                .map(TeacherTerm::try_from)
+                .collect::<Result<_, _>>()?,
+            extra_rows: s
+                .extra_rows
+                .iter()
+                .map(TurnRow::try_from)
+                .collect::<Result<_, _>>()?,
             dropped_groups: s.dropped_groups.into_vec(),
             metrics: s
                 .metrics
                 .into_iter()
                 .map(|m| (m.name.into(), m.value))
                 .collect(),
-        }
+        })
     }
 }
 
@@ -320,6 +473,21 @@ impl From<FfiSignals> for Signals {
 pub struct FfiScoreRequest {
     pub context_ids: RVec<u32>,
     pub response_ids: RVec<u32>,
+    /// [`crate::ScoreWeights`]: 0 current, 1 a version (`version`), 2 reference.
+    pub weights: u8,
+    pub version: u64,
+    /// Softmax temperature; NaN: the rollout temperature.
+    pub temperature: f32,
+    pub top_k: u32,
+}
+
+/// FFI form of [`crate::Scored`].
+#[repr(C)]
+#[derive(Clone, Debug, StableAbi)]
+pub struct FfiScored {
+    pub logprobs: RVec<f32>,
+    pub top_ids: RVec<u32>,
+    pub top_logprobs: RVec<f32>,
 }
 
 /// FFI form of [`crate::host::GenerateRequest`].
@@ -344,14 +512,21 @@ pub struct FfiGeneration {
 
 /// Host callbacks, as seen from a plugin. Implemented on the host side by
 /// [`crate::foreign`]'s adapter; wrapped on the plugin side into a [`crate::Host`].
+///
+/// Hot data (scores, generations) crosses as flat arrays; every other service (prompt
+/// rendering, the bank, the skill creator, and any added later) goes through
+/// [`FfiHost::call_json`] with a method name and JSON payloads, so new services need no ABI
+/// change.
 #[sabi_trait]
 pub trait FfiHost {
-    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<RVec<f32>>, FfiError>;
+    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<FfiScored>, FfiError>;
     fn generate(
         &self,
         requests: RVec<FfiGenerateRequest>,
     ) -> RResult<RVec<FfiGeneration>, FfiError>;
     fn tokenize(&self, text: RStr<'_>) -> RResult<RVec<u32>, FfiError>;
+    /// A JSON service call (see [`crate::export::HOST_METHODS`]); returns the result as JSON.
+    fn call_json(&self, method: RStr<'_>, payload: RStr<'_>) -> RResult<RString, FfiError>;
     #[sabi(last_prefix_field)]
     fn log_metric(&self, name: RStr<'_>, value: f64);
 }
@@ -365,8 +540,25 @@ pub trait FfiAlgorithm: Send {
     /// [`crate::Requirements`] as JSON.
     fn requirements_json(&self) -> RResult<RString, FfiError>;
     /// Takes a [`crate::GroupRequest`] as JSON.
-    fn plan_group(&mut self, request_json: RStr<'_>) -> RResult<RVec<FfiContextVariant>, FfiError>;
+    fn plan_group(
+        &mut self,
+        request_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<RVec<FfiContextVariant>, FfiError>;
+    /// Takes a [`crate::TurnContextRequest`] as JSON, returns a [`crate::TurnContext`] as JSON.
+    fn next_context(
+        &mut self,
+        request_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<RString, FfiError>;
     fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError>;
+    /// A [`crate::StepReport`]: its batch as `batch`, the other fields as JSON (`batch` empty).
+    fn observe(
+        &mut self,
+        batch: &FfiBatch,
+        report_json: RStr<'_>,
+        host: FfiHostRef<'_>,
+    ) -> RResult<(), FfiError>;
     fn save_state(&self) -> RResult<RString, FfiError>;
     #[sabi(last_prefix_field)]
     fn load_state(&mut self, state: RStr<'_>) -> RResult<(), FfiError>;

@@ -13,7 +13,9 @@ use abi_stable::{
     std_types::{RResult, RStr, RString, RVec},
 };
 
-use crate::algorithm::{Algorithm, GroupRequest, Requirements};
+use crate::algorithm::{
+    Algorithm, GroupRequest, Requirements, StepReport, TurnContext, TurnContextRequest,
+};
 use crate::batch::{Batch, ContextVariant, Signals};
 use crate::env::{
     Environment, EnvironmentInfo, Episode, Observation, StepOutcome, TaskInfo, TaskRef,
@@ -240,21 +242,65 @@ impl Algorithm for ForeignAlgorithm {
         self.try_requirements().unwrap_or_default()
     }
 
-    fn plan_group(&mut self, request: &GroupRequest) -> Result<Vec<ContextVariant>> {
-        let json = serde_json::to_string(request).expect("a group request always serialises");
-        let plan = lift(&self.name, self.inner.plan_group(RStr::from(json.as_str())))?;
-        Ok(plan.iter().map(ContextVariant::from).collect())
+    fn plan_group(
+        &mut self,
+        request: &GroupRequest,
+        host: &dyn Host,
+    ) -> Result<Vec<ContextVariant>> {
+        let json = crate::export::to_json(request)?;
+        let adapter = HostAdapter(host);
+        let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
+        let plan = lift(
+            &self.name,
+            self.inner.plan_group(RStr::from(json.as_str()), host_ref),
+        )?;
+        plan.iter()
+            .map(|v| ContextVariant::try_from(v).map_err(|e| named(&self.name, e)))
+            .collect()
+    }
+
+    fn next_context(
+        &mut self,
+        request: &TurnContextRequest,
+        host: &dyn Host,
+    ) -> Result<TurnContext> {
+        let json = crate::export::to_json(request)?;
+        let adapter = HostAdapter(host);
+        let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
+        let text = lift(
+            &self.name,
+            self.inner.next_context(RStr::from(json.as_str()), host_ref),
+        )?;
+        parse_json(&self.name, "turn context", text)
     }
 
     fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let ffi_batch = FfiBatch::from(batch);
         let adapter = HostAdapter(host);
         let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
-        let signals: Signals = lift(&self.name, self.inner.signals(&ffi_batch, host_ref))?.into();
+        let signals =
+            Signals::try_from(lift(&self.name, self.inner.signals(&ffi_batch, host_ref))?)
+                .map_err(|e| named(&self.name, e))?;
         signals
             .validate_against(batch)
             .map_err(|e| named(&self.name, e))?;
         Ok(signals)
+    }
+
+    fn observe(&mut self, report: &StepReport, host: &dyn Host) -> Result<()> {
+        let ffi_batch = FfiBatch::from(&report.batch);
+        let rest = StepReport {
+            batch: Batch::default(),
+            ..report.clone()
+        };
+        let json = crate::export::to_json(&rest)?;
+        let adapter = HostAdapter(host);
+        let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
+        lift(
+            &self.name,
+            self.inner
+                .observe(&ffi_batch, RStr::from(json.as_str()), host_ref),
+        )
     }
 
     fn save_state(&self) -> Result<String> {
@@ -346,21 +392,24 @@ impl Episode for ForeignEpisode {
 struct HostAdapter<'a>(&'a dyn Host);
 
 impl FfiHost for HostAdapter<'_> {
-    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<RVec<f32>>, FfiError> {
+    fn score(&self, requests: RVec<FfiScoreRequest>) -> RResult<RVec<FfiScored>, FfiError> {
         crate::export::guard(|| {
-            let requests: Vec<ScoreRequest> = requests
+            let requests = requests
                 .into_iter()
-                .map(|r| ScoreRequest {
-                    context_ids: r.context_ids.into_vec(),
-                    response_ids: r.response_ids.into_vec(),
-                })
-                .collect();
+                .map(ScoreRequest::try_from)
+                .collect::<Result<Vec<_>>>()?;
             Ok(self
                 .0
                 .score(&requests)?
                 .into_iter()
-                .map(RVec::from)
+                .map(FfiScored::from)
                 .collect())
+        })
+    }
+
+    fn call_json(&self, method: RStr<'_>, payload: RStr<'_>) -> RResult<RString, FfiError> {
+        crate::export::guard(|| {
+            crate::export::dispatch_host_call(self.0, method.as_str(), payload.as_str())
         })
     }
 
@@ -401,5 +450,147 @@ impl FfiHost for HostAdapter<'_> {
             self.0.log_metric(name.as_str(), value);
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bank::{BankQuery, EntryKind, NewEntry, ReflectionRequest, Retrieved, StatsUpdate};
+    use crate::export::ForeignHost;
+    use crate::host::{RenderRequest, ScoreWeights, Scored};
+    use std::sync::Mutex;
+
+    /// A host that answers every service with values derived from its input, and records the
+    /// calls, so a round trip through the FFI can be checked field by field.
+    #[derive(Default)]
+    struct Echo {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Host for Echo {
+        fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
+            Ok(requests
+                .iter()
+                .map(|r| Scored {
+                    logprobs: r.response_ids.iter().map(|&i| -(i as f32)).collect(),
+                    top_ids: vec![r.top_k; r.top_k as usize],
+                    top_logprobs: vec![r.temperature.unwrap_or(-1.0); r.top_k as usize],
+                })
+                .collect())
+        }
+        fn render_prompt(&self, request: &RenderRequest) -> Result<Vec<u32>> {
+            Ok(vec![
+                request.variant.inject.len() as u32,
+                request.observation.text.len() as u32,
+                request.history.len() as u32,
+            ])
+        }
+        fn bank_query(&self, query: &BankQuery) -> Result<Vec<Retrieved>> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("query {}", query.text));
+            Ok(vec![])
+        }
+        fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
+            Ok((0..entries.len() as u64).map(|i| 100 + i).collect())
+        }
+        fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
+            let ids: Vec<String> = updates
+                .iter()
+                .map(|u| format!("{}:{:?}", u.id, u.status))
+                .collect();
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("update {}", ids.join(",")));
+            Ok(())
+        }
+        fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
+            Err(PluginError::host(format!(
+                "{} reflections refused",
+                requests.len()
+            )))
+        }
+    }
+
+    #[test]
+    fn every_host_service_crosses_the_ffi_and_back() {
+        let echo = Echo::default();
+        let adapter = HostAdapter(&echo);
+        let host = ForeignHost(FfiHost_TO::from_ptr(&adapter, TD_Opaque));
+
+        let scored = host
+            .score(&[ScoreRequest {
+                context_ids: vec![1],
+                response_ids: vec![3, 4],
+                weights: ScoreWeights::Version(7),
+                temperature: Some(0.5),
+                top_k: 2,
+            }])
+            .unwrap();
+        assert_eq!(
+            scored,
+            vec![Scored {
+                logprobs: vec![-3.0, -4.0],
+                top_ids: vec![2, 2],
+                top_logprobs: vec![0.5, 0.5],
+            }]
+        );
+        let r = RenderRequest {
+            variant: ContextVariant {
+                inject: "abc".into(),
+                ..Default::default()
+            },
+            observation: Observation {
+                text: "hello".into(),
+                ..Default::default()
+            },
+            history: vec![Default::default(); 2],
+        };
+        assert_eq!(host.render_prompt(&r).unwrap(), vec![3, 5, 2]);
+        let new = NewEntry {
+            kind: EntryKind::Skill,
+            text: "open the drawer".into(),
+            ..Default::default()
+        };
+        assert_eq!(host.bank_put(&[new.clone(), new]).unwrap(), vec![100, 101]);
+        assert!(host
+            .bank_query(&BankQuery {
+                text: "drawer".into(),
+                ..Default::default()
+            })
+            .unwrap()
+            .is_empty());
+        host.bank_retire(&[5]).unwrap();
+        assert_eq!(
+            *echo.calls.lock().unwrap(),
+            vec![
+                "query drawer".to_string(),
+                "update 5:Some(Retired)".to_string()
+            ]
+        );
+        let e = host.reflect(&[ReflectionRequest::default()]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Host);
+        assert_eq!(e.message, "1 reflections refused");
+    }
+
+    #[test]
+    fn an_unknown_service_is_refused_by_name() {
+        let echo = Echo::default();
+        let adapter = HostAdapter(&echo);
+        let ffi: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);
+        let e: PluginError = ffi
+            .call_json("bank_vacuum".into(), "{}".into())
+            .into_result()
+            .unwrap_err()
+            .into();
+        assert!(
+            e.message.starts_with(
+                "the host has no service `bank_vacuum` (it offers render_prompt, bank_query"
+            ),
+            "{e}"
+        );
     }
 }

@@ -1,14 +1,57 @@
-//! Callbacks a plugin can make into the host (the shared policy backend and the logger).
+//! Callbacks a plugin can make into the host: the shared policy backend (scoring, generation,
+//! prompt rendering), the experience bank, the skill creator and the logger.
+//!
+//! Every method has a default that returns a `Host` error, so a test host implements only what
+//! it offers; the kernel's host implements all of them. A plugin that calls a service declares
+//! it in [`crate::Requirements`], and the kernel refuses the pipeline at load when the service
+//! is missing.
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::bank::{BankQuery, NewEntry, ReflectionRequest, Retrieved, StatsUpdate};
+use crate::batch::ContextVariant;
+use crate::env::Observation;
+use crate::error::{PluginError, Result};
 
-/// Score `response_ids` after `context_ids` under the current policy weights.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Which weights score a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreWeights {
+    /// The live weights, as they are now (inside `signals`: before this step's update).
+    #[default]
+    Current,
+    /// The weights of a given policy version, e.g. the version that sampled a row
+    /// (`TurnRow::policy_version`). The backend keeps the last `rollout.max_staleness + 1`
+    /// versions; an older one is refused with an error, never approximated.
+    Version(u64),
+    /// The frozen reference policy.
+    Reference,
+}
+
+/// Score `response_ids` after `context_ids` (no grad).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ScoreRequest {
     pub context_ids: Vec<u32>,
     pub response_ids: Vec<u32>,
+    pub weights: ScoreWeights,
+    /// Softmax temperature; `None`: the rollout temperature.
+    pub temperature: Option<f32>,
+    /// Also return the `top_k` most likely ids and their log-probs at each response position
+    /// (0: none). A backend that cannot refuses with an error.
+    pub top_k: u32,
+}
+
+/// What scoring returns for one request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Scored {
+    /// Log-probs of the response ids, `[L]`, nats.
+    pub logprobs: Vec<f32>,
+    /// With `top_k = k > 0`: the top-k ids per position, row-major `[L, k]`, most likely first.
+    pub top_ids: Vec<u32>,
+    /// Their log-probs, `[L, k]`, nats (full-vocabulary softmax at the request's temperature).
+    pub top_logprobs: Vec<f32>,
 }
 
 /// Generate a continuation of `prompt_ids`.
@@ -30,43 +73,102 @@ pub struct Generation {
     pub finish_reason: crate::batch::FinishReason,
 }
 
+/// One earlier turn of a trajectory, as text.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HistoryTurn {
+    /// The observation the policy acted on.
+    pub observation: String,
+    /// The action it took (decoded response).
+    pub action: String,
+}
+
+/// Render the prompt a slot with `variant` would see for `observation` after `history`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RenderRequest {
+    pub variant: ContextVariant,
+    pub observation: Observation,
+    pub history: Vec<HistoryTurn>,
+}
+
+fn unavailable<T>(what: &str) -> Result<T> {
+    Err(PluginError::host(format!(
+        "this host offers no {what}; declare the need in the plugin's requirements so the \
+         pipeline is refused at load instead"
+    )))
+}
+
 /// Host services available to a plugin during a call.
 pub trait Host {
-    /// Log-probs `[len(response_ids)]` of each request's response tokens after its context,
-    /// at the rollout temperature. One result per request, in order.
-    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Vec<f32>>>;
+    /// Scores each request (log-probs of its response tokens, and top-k when asked). One
+    /// result per request, in order.
+    fn score(&self, _requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
+        unavailable("scoring (no policy model)")
+    }
 
     /// Samples one continuation per request.
-    fn generate(&self, requests: &[GenerateRequest]) -> Result<Vec<Generation>>;
+    fn generate(&self, _requests: &[GenerateRequest]) -> Result<Vec<Generation>> {
+        unavailable("generation (no policy model)")
+    }
 
     /// Token ids of `text` under the policy's tokenizer (no special tokens added).
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>>;
+    fn tokenize(&self, _text: &str) -> Result<Vec<u32>> {
+        unavailable("tokenizer")
+    }
+
+    /// The exact prompt ids the policy would see for a request: the kernel's prompt builder,
+    /// the same one rollouts use.
+    fn render_prompt(&self, _request: &RenderRequest) -> Result<Vec<u32>> {
+        unavailable("prompt builder")
+    }
+
+    /// Top-k entries of the experience bank for a query.
+    fn bank_query(&self, _query: &BankQuery) -> Result<Vec<Retrieved>> {
+        unavailable("experience bank")
+    }
+
+    /// Inserts entries; returns their ids, in order.
+    fn bank_put(&self, _entries: &[NewEntry]) -> Result<Vec<u64>> {
+        unavailable("experience bank")
+    }
+
+    /// Applies statistics and status updates, all in one transaction.
+    fn bank_update(&self, _updates: &[StatsUpdate]) -> Result<()> {
+        unavailable("experience bank")
+    }
+
+    /// Retires entries (kept for provenance, no longer retrieved by default).
+    fn bank_retire(&self, ids: &[u64]) -> Result<()> {
+        let updates: Vec<StatsUpdate> = ids
+            .iter()
+            .map(|&id| StatsUpdate {
+                id,
+                status: Some(crate::bank::EntryStatus::Retired),
+                ..Default::default()
+            })
+            .collect();
+        self.bank_update(&updates)
+    }
+
+    /// Queues reflections with the skill creator; returns one ticket per request. The entries
+    /// arrive in the bank at a later step (see [`crate::StepReport::new_entries`]).
+    fn reflect(&self, _requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
+        unavailable("skill creator")
+    }
 
     /// Logs a scalar metric for the current step.
-    fn log_metric(&self, name: &str, value: f64);
+    fn log_metric(&self, _name: &str, _value: f64) {}
 }
 
 /// A host that offers nothing but logging, for running plugins without a model
-/// (`cairn signals`, tests). Model callbacks return a `Host` error.
+/// (`cairn signals`, tests). Every other callback returns a `Host` error.
 #[derive(Debug, Default)]
 pub struct OfflineHost {
     pub metrics: std::sync::Mutex<Vec<(String, f64)>>,
 }
 
 impl Host for OfflineHost {
-    fn score(&self, _requests: &[ScoreRequest]) -> Result<Vec<Vec<f32>>> {
-        Err(crate::PluginError::host(
-            "no policy model is loaded: scoring is unavailable offline",
-        ))
-    }
-    fn generate(&self, _requests: &[GenerateRequest]) -> Result<Vec<Generation>> {
-        Err(crate::PluginError::host(
-            "no policy model is loaded: generation is unavailable offline",
-        ))
-    }
-    fn tokenize(&self, _text: &str) -> Result<Vec<u32>> {
-        Err(crate::PluginError::host("no tokenizer is loaded offline"))
-    }
     fn log_metric(&self, name: &str, value: f64) {
         if let Ok(mut m) = self.metrics.lock() {
             m.push((name.to_string(), value));

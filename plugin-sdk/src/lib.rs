@@ -10,11 +10,12 @@
 //! algorithm returns: per-token advantages, auxiliary coefficients, dropped groups, metrics),
 //! [`Host`] (callbacks into the policy backend), [`PluginError`].
 //!
-//! [`stats`] has the group statistics every advantage estimator needs (algorithms.md §14, P8).
+//! [`stats`] has the group statistics every advantage estimator needs (docs/algorithms/kernel-contract.md, P8).
 //!
 //! No tch type appears here or in any plugin: data crosses as token ids, `f32` arrays and JSON.
 
 pub mod algorithm;
+pub mod bank;
 pub mod batch;
 pub mod config;
 pub mod env;
@@ -25,14 +26,27 @@ pub mod foreign;
 pub mod host;
 pub mod stats;
 
-pub use algorithm::{Algorithm, GroupRequest, Requirements};
-pub use batch::{AuxTerm, Batch, ContextVariant, FinishReason, Signals, TurnRow};
+pub use algorithm::{
+    Algorithm, GroupRequest, Requirements, Role, StepReport, TurnContext, TurnContextRequest,
+    TurnSummary,
+};
+pub use bank::{
+    BankEntry, BankQuery, EntryKind, EntryStats, EntryStatus, NewEntry, Provenance,
+    ReflectionRequest, Retrieved, StatsUpdate,
+};
+pub use batch::{
+    AuxTerm, Batch, ContextVariant, FinishReason, Signals, TeacherForm, TeacherSource,
+    TeacherTarget, TeacherTerm, TurnRow,
+};
 pub use env::{
     Environment, EnvironmentInfo, Episode, Observation, Split, StepOutcome, TaskInfo, TaskRef,
 };
 pub use error::{ErrorKind, PluginError, Result};
-pub use host::{GenerateRequest, Generation, Host, OfflineHost, ScoreRequest};
+pub use host::{
+    GenerateRequest, Generation, HistoryTurn, Host, OfflineHost, RenderRequest, ScoreRequest,
+    ScoreWeights, Scored,
+};
 
 /// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type in [`ffi`]; the
 /// host refuses plugins built for another number.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;

@@ -1,5 +1,5 @@
-//! Group statistics shared by advantage estimators (algorithms.md §14, P8): grouping by id,
-//! mean and standard deviation, group normalisation, discounted returns, masked whitening, and
+//! Group statistics shared by advantage estimators (docs/algorithms/kernel-contract.md, P8):
+//! grouping by id, mean and standard deviation, group normalisation, discounted returns, masked whitening, and
 //! the batch views built on them: [`trajectories`] (rows of one rollout in turn order),
 //! [`outcome_advantages`] (GRPO-style episode-level normalisation, over rows or trajectories),
 //! [`anchor_groups`] (GiGPO step groups, exact or fuzzy with [`similarity_ratio`]),
@@ -41,7 +41,7 @@ pub fn mean(values: &[f64]) -> f64 {
 /// Which standard deviation to divide by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StdKind {
-    /// N−1 denominator (verl's `torch.std`, algorithms.md §1).
+    /// N−1 denominator (verl's `torch.std`; docs/algorithms/grpo.md).
     Unbiased,
     /// N denominator.
     Population,
@@ -241,7 +241,7 @@ pub fn trajectories(batch: &Batch) -> Result<Vec<Trajectory>> {
 }
 
 /// Which samples the episode-level statistics of a group are taken over (verl-agent
-/// `compute_mean_std_cross_steps`; the two differ, algorithms.md §2e: 6.25 vs 6.667).
+/// `compute_mean_std_cross_steps`; the two differ, docs/algorithms/gigpo.md: 6.25 vs 6.667).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutcomeSamples {
     /// One sample per row: a trajectory with T turns contributes its reward T times
@@ -309,7 +309,7 @@ pub enum AnchorMatching {
     Similar { threshold: f64 },
 }
 
-/// GiGPO step groups (algorithms.md §2a): rows of the same task group (`group_id`) whose anchor
+/// GiGPO step groups (arXiv 2505.10978 §3; docs/algorithms/gigpo.md): rows of the same task group (`group_id`) whose anchor
 /// keys match. Returns lists of indices into `batch.rows`, in order of first appearance; every
 /// row is in exactly one group. A row without an anchor key is an input error naming it.
 pub fn anchor_groups(batch: &Batch, matching: AnchorMatching) -> Result<Vec<Vec<usize>>> {
@@ -642,7 +642,7 @@ mod tests {
             .contains("row 1: episode_reward is NaN"));
     }
 
-    /// algorithms.md §2e: rows of A (2 turns, R = 10), B (3 turns, 10), C (3 turns, 0).
+    /// docs/algorithms/gigpo.md, worked example: rows of A (2 turns, R = 10), B (3 turns, 10), C (3 turns, 0).
     fn gigpo_example() -> Batch {
         let anchors = [
             ("s0", 0, 0),
@@ -674,7 +674,7 @@ mod tests {
         let batch = gigpo_example();
         let t = trajectories(&batch).unwrap();
         let r: Vec<f64> = t.iter().map(|t| t.episode_reward).collect();
-        // Mean over rows 6.25, over trajectories 6.6667 (algorithms.md §2e).
+        // Mean over rows 6.25, over trajectories 6.6667 (docs/algorithms/gigpo.md).
         close(
             &outcome_advantages(&t, &r, Normalise::Mean, OutcomeSamples::Rows),
             &[3.75, 3.75, -6.25],

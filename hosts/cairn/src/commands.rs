@@ -85,6 +85,15 @@ pub fn signals(plugin: &str, config: &[String], batch_path: &Path, dirs: &[PathB
     let registry = PluginRegistry::scan(&dirs_or_default(dirs))?;
     let config_json = serde_json::Value::Object(key_values(config)?).to_string();
     let mut algorithm = registry.algorithm(plugin)?.create_algorithm(&config_json)?;
+    // No model and no bank here: a plugin that would call them is refused before it runs.
+    let requirements = algorithm
+        .try_requirements()
+        .with_context(|| format!("algorithm `{plugin}`"))?;
+    cairn_kernel::config::check_services(
+        plugin,
+        &requirements,
+        &cairn_kernel::config::HostServices::OFFLINE,
+    )?;
     let batch: Batch = serde_json::from_str(&read(batch_path)?).with_context(|| {
         format!(
             "{}: not a batch in the JSON form of docs/batch-json.md",
@@ -157,6 +166,8 @@ mod with_torch {
     use std::sync::Arc;
 
     use anyhow::{bail, Context, Result};
+    use cairn_kernel::actors::optimizer::OptimizerSettings;
+    use cairn_kernel::actors::threads::SyncThreads;
     use cairn_kernel::actors::{self, rollout::Evaluate, rollout::RolloutSettings, PipelineParts};
     use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
     use cairn_kernel::config::PipelineConfig;
@@ -202,12 +213,22 @@ mod with_torch {
         SharedAlgorithm,
         cairn_kernel::text::Tokenizer,
     )> {
-        let tokenizer = match source {
-            TokenizerSource::Training => setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
-            TokenizerSource::Run => setup::run_tokenizer(config, &run.root)?,
+        // Training writes the run's bank; an evaluation gets an in-memory one (`eval` restores
+        // its checkpoint's snapshot into it) and never touches the run's file.
+        let (tokenizer, bank) = match source {
+            TokenizerSource::Training => (
+                setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
+                config.bank.open(&run.root)?,
+            ),
+            TokenizerSource::Run => (
+                setup::run_tokenizer(config, &run.root)?,
+                cairn_kernel::bank::Bank::in_memory()?,
+            ),
         };
         let builder = setup::prompt_builder(config, &tokenizer)?;
         let backend = setup::backend(config, tokenizer.vocab_size())?;
+        let mut optimizer = OptimizerSettings::from_config(config);
+        optimizer.plugin_reads_reference = plugins.algorithm.requirements().ref_logprobs;
         let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
             Arc::new(Mutex::new(Box::new(plugins.algorithm)));
         let env: Arc<dyn Environment> = plugins.env;
@@ -215,18 +236,20 @@ mod with_torch {
             backend: Box::new(backend),
             env,
             algorithm: algorithm.clone(),
+            algorithm_name: config.algorithm.label(),
             builder,
             codec: Arc::new(tokenizer.clone()),
             rollout: RolloutSettings::from_config(config),
+            optimizer,
             reward: config.reward.clone(),
             objective: config.objective.clone(),
-            micro_batch_rows: config.optimizer.micro_batch_rows,
-            updates_per_batch: config.optimizer.updates_per_batch,
             record_dir: config
                 .run
                 .record_trajectories
                 .then(|| run.root.join("trajectories")),
-            bank_capacity: config.bank.capacity,
+            bank,
+            skills: config.skills.clone(),
+            skills_api_key: config.skills_api_key(|v| std::env::var(v).ok())?,
         };
         Ok((parts, algorithm, tokenizer))
     }
@@ -269,33 +292,40 @@ mod with_torch {
         let (parts, algorithm, tokenizer) =
             parts_and_tokenizer(&config, &run, plugins, TokenizerSource::Training)?;
         let mut progress = Progress::default();
-        let summary: Summary = actix::System::new().block_on(async {
+        let summary: Summary = on_actor_system(async {
             let mut pipeline = actors::start(parts);
-            // The gateway source: serve the policy and train on the harness's episodes.
-            let gateway = match config.episode_source.gateway() {
-                Some(g) => {
-                    let policy = pipeline.policy.clone().recipient();
-                    let started =
-                        crate::serve::start(&config, g, &tokenizer, policy, true, &g.bind)?;
-                    pipeline.gateway = Some(started.link.clone());
-                    Some(started)
+            let threads = pipeline.threads.clone();
+            let summary = async {
+                // The gateway source: serve the policy and train on the harness's episodes.
+                let gateway = match config.episode_source.gateway() {
+                    Some(g) => {
+                        let policy = pipeline.policy.clone().recipient();
+                        let started =
+                            crate::serve::start(&config, g, &tokenizer, policy, true, &g.bind)?;
+                        pipeline.attach_gateway(started.link.clone());
+                        Some(started)
+                    }
+                    None => None,
+                };
+                let mut observer = |e| progress.on_event(e);
+                let mut trainer = Trainer {
+                    config: config.clone(),
+                    pipeline,
+                    algorithm,
+                    run: run.clone(),
+                    observer: &mut observer,
+                    export_tokenizer_dir: Some(setup::tokenizer_dir(&config, &run.root)),
+                };
+                let summary = trainer.run().await;
+                // Whatever the outcome, the harness may still be calling: refuse its requests
+                // and let the batches in flight finish before the actors go.
+                if let Some(started) = gateway {
+                    started.shutdown().await;
                 }
-                None => None,
-            };
-            let mut observer = |e| progress.on_event(e);
-            let mut trainer = Trainer {
-                config: config.clone(),
-                pipeline,
-                algorithm,
-                run: run.clone(),
-                observer: &mut observer,
-                export_tokenizer_dir: Some(setup::tokenizer_dir(&config, &run.root)),
-            };
-            let summary = trainer.run().await;
-            if let Some(started) = gateway {
-                started.server.stop(true).await;
+                Ok::<_, anyhow::Error>(summary?)
             }
-            Ok::<_, anyhow::Error>(summary?)
+            .await;
+            (threads, summary)
         })?;
         let plot = crate::plot::plot_run(&run.root)?;
         println!(
@@ -320,6 +350,40 @@ mod with_torch {
         println!("plot:    {}", plot.display());
         println!("time:    {:.1} s", started.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// How long a finished command waits for its actor threads (the policy actor finishes the
+    /// backend call it is in first).
+    const THREAD_EXIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Runs `work` on a fresh actix system, then stops and drops the system (every actor goes
+    /// with it; the `SyncArbiter` threads see their queues close) and waits until the threads
+    /// `work` hands back have dropped their actors. Returning from `main` earlier would run
+    /// libtorch's static destructors under a policy thread that may still generate, and its
+    /// next tch call panics (`Invalid (backend, op) pair`).
+    pub(crate) fn on_actor_system<T>(
+        work: impl std::future::Future<Output = (SyncThreads, Result<T>)>,
+    ) -> Result<T> {
+        let (threads, result) = actix::System::new().block_on(async {
+            let out = work.await;
+            actix::System::current().stop();
+            out
+        });
+        // The system runner is dropped here, so its actors are.
+        if let Err(running) = threads.wait(THREAD_EXIT_TIMEOUT) {
+            let e = anyhow::anyhow!(
+                "{running} actor thread(s) were still busy {} s after the actors stopped (the \
+                 policy actor's holds libtorch, so exiting now could crash it); rerun with \
+                 CAIRN_LOG=debug to see which backend call did not return",
+                THREAD_EXIT_TIMEOUT.as_secs()
+            );
+            match &result {
+                // The command's own error says more; this one is logged.
+                Err(_) => tracing::error!("{e:#}"),
+                Ok(_) => return Err(e),
+            }
+        }
+        result
     }
 
     /// The run directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`).
@@ -373,6 +437,10 @@ mod with_torch {
         let run = RunDir { root: run_root };
         let (mut parts, _algorithm) = parts(&config, &run, TokenizerSource::Run)?;
         parts.backend.load(&policy_dir)?;
+        let bank_snapshot = cairn_kernel::bank::snapshot_path(checkpoint);
+        if bank_snapshot.exists() {
+            parts.bank.restore_from(&bank_snapshot)?;
+        }
         let version = parts.backend.policy_version();
         let tasks = tasks.unwrap_or(config.eval.tasks);
         let held_out = parts.env.info().test_tasks as usize;
@@ -385,9 +453,9 @@ mod with_torch {
         }
         let temperature = temperature.unwrap_or(config.eval.temperature);
         let seed = cairn_kernel::rollout::mix(config.run.seed, 0xE7A1);
-        let report = actix::System::new().block_on(async {
+        let report = on_actor_system(async {
             let pipeline = actors::start(parts);
-            pipeline
+            let report = pipeline
                 .rollout
                 .send(Evaluate {
                     tasks,
@@ -396,8 +464,9 @@ mod with_torch {
                     record: record.is_some(),
                 })
                 .await
-                .map_err(|e| anyhow::anyhow!("rollout actor: {e}"))?
-                .map_err(anyhow::Error::from)
+                .map_err(|e| anyhow::anyhow!("rollout actor: {e}"))
+                .and_then(|r| r.map_err(anyhow::Error::from));
+            (pipeline.threads.clone(), report)
         })?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         if let (Some(path), Some(mut file)) = (record, record_file) {

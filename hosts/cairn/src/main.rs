@@ -4,9 +4,10 @@
 //! tracing subscriber, picks devices, and exits with a status; everything else is in
 //! `cairn-kernel` (actors, objective, plugins), `cairn-torch` (the model) and the plugins.
 //!
-//! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `config`, and with
-//! the `torch` feature `logprobs`.
+//! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `bank`, `config`,
+//! and with the `torch` feature `logprobs`.
 
+mod bank_cmd;
 mod commands;
 mod plot;
 mod progress;
@@ -139,6 +140,11 @@ enum Command {
         #[arg(long)]
         record: Option<PathBuf>,
     },
+    /// Inspect a run's experience bank (`RUN_DIR/bank.sqlite`, or a checkpoint's copy).
+    Bank {
+        #[command(subcommand)]
+        command: bank_cmd::BankCommand,
+    },
     /// Print the embedded default pipeline config.
     Config,
     /// Print the per-token log-probs of responses under a model, as JSON.
@@ -225,6 +231,7 @@ fn main() -> ExitCode {
             checkpoint,
             record,
         } => serve::serve(&config, bind, checkpoint.as_deref(), record),
+        Command::Bank { command } => bank_cmd::run(command),
         Command::Config => {
             print!("{DEFAULT_CONFIG}");
             Ok(())

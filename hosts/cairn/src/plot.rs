@@ -13,16 +13,24 @@ use serde_json::Value;
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
-/// One panel: a metric key of `metrics.jsonl` (RL steps) and its title.
-const PANELS: &[(&str, &str)] = &[
-    ("reward/episode_mean", "mean episode reward"),
-    ("success_rate", "training success rate"),
-    ("loss", "loss"),
-    ("kl", "KL to reference (token mean)"),
-    ("clip_fraction", "clip fraction"),
-    ("response_length/mean", "response length (tokens)"),
-    ("turns_per_trajectory/mean", "turns per episode"),
-    ("tokens_per_s", "rollout tokens/s"),
+/// One panel: metric keys of `metrics.jsonl` (RL steps) with their titles; the first key the
+/// run reports is drawn (with the KL off no reference pass runs, so the KL panel shows how far
+/// each update moved from the rollout policy instead).
+const PANELS: &[&[(&str, &str)]] = &[
+    &[("reward/episode_mean", "mean episode reward")],
+    &[("success_rate", "training success rate")],
+    &[("loss", "loss")],
+    &[
+        ("kl", "KL to reference (token mean)"),
+        (
+            "approx_kl_old_k3",
+            "KL to the rollout policy (k3, token mean)",
+        ),
+    ],
+    &[("clip_fraction", "clip fraction")],
+    &[("response_length/mean", "response length (tokens)")],
+    &[("turns_per_trajectory/mean", "turns per episode")],
+    &[("tokens_per_s", "rollout tokens/s")],
 ];
 
 /// Series read from a run directory.
@@ -147,13 +155,20 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
     )?;
     let (grid_area, bottom) = rest.split_vertically(960);
     let panels = grid_area.split_evenly((2, 4));
-    for (area, (key, title)) in panels.iter().zip(PANELS) {
-        let points: Vec<(f64, f64)> = series
-            .rl
+    for (area, choices) in panels.iter().zip(PANELS) {
+        let points_of = |key: &str| -> Vec<(f64, f64)> {
+            series
+                .rl
+                .iter()
+                .filter_map(|(s, m)| m.get(key).and_then(Value::as_f64).map(|v| (*s, v)))
+                .filter(|(_, v)| v.is_finite())
+                .collect()
+        };
+        let (points, title) = choices
             .iter()
-            .filter_map(|(s, m)| m.get(*key).and_then(Value::as_f64).map(|v| (*s, v)))
-            .filter(|(_, v)| v.is_finite())
-            .collect();
+            .map(|(key, title)| (points_of(key), *title))
+            .find(|(p, _)| !p.is_empty())
+            .unwrap_or_else(|| (Vec::new(), choices[0].1));
         let (x0, x1) = range(points.iter().map(|p| p.0));
         let (y0, y1) = range(points.iter().map(|p| p.1));
         let mut chart = panel(area, title, x0..x1, y0..y1)?;

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use cairn_kernel::config::AlgorithmSection;
 use cairn_kernel::config::{PipelineConfig, PromptFormat};
 use cairn_kernel::gateway::HarnessEnvironment;
 use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
 use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
+use cairn_kernel::stack::{Member, Stack};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_plugin_sdk::foreign::ForeignAlgorithm;
 use cairn_plugin_sdk::{Environment, ErrorKind, PluginError};
@@ -52,11 +54,12 @@ fn plugin_error(
     }
 }
 
-/// The environment and algorithm of a pipeline, created and checked against each other.
-/// With the gateway source the environment is the [`HarnessEnvironment`] stand-in.
+/// The environment and algorithm stack of a pipeline, created and checked against each
+/// other. With the gateway source the environment is the [`HarnessEnvironment`] stand-in.
 pub struct Plugins {
     pub env: Arc<dyn Environment>,
-    pub algorithm: ForeignAlgorithm,
+    /// `[algorithm]` and its `[[algorithm.stack]]` (see `cairn_kernel::stack`).
+    pub algorithm: Stack,
 }
 
 pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
@@ -77,17 +80,41 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
                 .with_context(|| format!("environment `{env_name}`"))?;
             (Arc::new(env), info)
         }
-        None => (Arc::new(HarnessEnvironment), HarnessEnvironment.info()),
+        None => {
+            let harness = HarnessEnvironment::new(
+                &config.episode_source.gateway().cloned().unwrap_or_default(),
+            );
+            (Arc::new(harness), harness.info())
+        }
     };
-    let algorithm = registry
-        .algorithm(algo_name)
-        .map_err(|e| config.error("algorithm.plugin", e))?
-        .create_algorithm(&config.algorithm.config_json())
-        .map_err(|e| plugin_error(config, "algorithm", algo_name, e))?;
-    let requirements = algorithm
-        .try_requirements()
-        .with_context(|| format!("algorithm `{algo_name}`"))?;
-    config.check_requirements(&requirements, &info)?;
+    let estimator = cairn_kernel::config::PluginSection {
+        plugin: algo_name.clone(),
+        config: config.algorithm.config.clone(),
+    };
+    let mut members = Vec::new();
+    for (i, section) in std::iter::once(&estimator)
+        .chain(&config.algorithm.stack)
+        .enumerate()
+    {
+        let key = AlgorithmSection::member_key(i);
+        let name = &section.plugin;
+        let algorithm: ForeignAlgorithm = registry
+            .algorithm(name)
+            .map_err(|e| config.error(&key, e))?
+            .create_algorithm(&section.config_json())
+            .map_err(|e| plugin_error(config, "algorithm", name, e))?;
+        let requirements = algorithm
+            .try_requirements()
+            .with_context(|| format!("algorithm `{name}` ({key})"))?;
+        config.check_member_requirements(name, &requirements, &info)?;
+        members.push(Member {
+            name: name.clone(),
+            requirements,
+            algorithm: Box::new(algorithm),
+        });
+    }
+    let algorithm = Stack::new(members)
+        .map_err(|e| config.error(&AlgorithmSection::member_key(e.member), e.message))?;
     Ok(Plugins { env, algorithm })
 }
 

@@ -1,30 +1,44 @@
-//! The experience-bank actor: records every finalised batch (the trajectory recorder) and keeps
-//! the most recent trajectories for plugins that replay or mine them.
+//! The experience-bank actor: owns the run's [`Bank`] (SQLite, `<run>/bank.sqlite`) and
+//! answers plugins' queries, puts and statistics updates (through the kernel's `Host`), and
+//! the trainer's checkpoint and restore. It also records every finalised batch as JSON (the
+//! trajectory recorder) when the run asks for it.
+//!
+//! It runs on a `SyncArbiter` with one thread rather than on the async arbiter: every request
+//! is blocking SQLite I/O (a commit, a snapshot of the whole file), which would stall the
+//! trainer and the other async actors sharing that thread; one thread also serialises the
+//! requests on the bank's single connection, in arrival order. Callers on a sync actor's
+//! thread (the optimizer, inside a plugin's `signals`) block on the reply; async callers
+//! `send().await`.
 //!
 //! Recorded batches use the documented JSON form of the SDK's [`Batch`] (`docs/batch-json.md`),
 //! so `cairn signals` and `cairn loss` can read them back.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{Batch, TurnRow};
+use cairn_plugin_sdk::bank::{BankQuery, NewEntry, Provenance, Retrieved, StatsUpdate};
+use cairn_plugin_sdk::Batch;
 
+use crate::bank::{snapshot_path, Bank};
 use crate::error::{Error, Result};
 
 pub struct ExperienceBankActor {
+    bank: Bank,
     /// Where batches are written (`<run>/trajectories`); `None`: not recorded.
-    pub record_dir: Option<PathBuf>,
-    /// Most recent rows kept in memory (0: none).
-    pub capacity: usize,
-    pub recent: VecDeque<TurnRow>,
+    record_dir: Option<PathBuf>,
+}
+
+impl ExperienceBankActor {
+    pub fn new(bank: Bank, record_dir: Option<PathBuf>) -> Self {
+        ExperienceBankActor { bank, record_dir }
+    }
 }
 
 impl Actor for ExperienceBankActor {
-    type Context = Context<Self>;
+    type Context = SyncContext<Self>;
 }
 
-/// Record a finalised batch.
+/// Record a finalised batch; returns the file written, if recording is on.
 #[derive(Message)]
 #[rtype(result = "Result<Option<PathBuf>>")]
 pub struct RecordBatch {
@@ -34,37 +48,233 @@ pub struct RecordBatch {
 impl Handler<RecordBatch> for ExperienceBankActor {
     type Result = Result<Option<PathBuf>>;
     fn handle(&mut self, msg: RecordBatch, _: &mut Self::Context) -> Self::Result {
-        let written = match &self.record_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-                let path = dir.join(format!("step-{:06}.json", msg.batch.step));
-                let text = serde_json::to_string(&msg.batch)
-                    .map_err(|e| Error::Other(format!("serialising batch: {e}")))?;
-                crate::run::write_atomic(&path, text.as_bytes())?;
-                Some(path)
-            }
-            None => None,
+        let Some(dir) = &self.record_dir else {
+            return Ok(None);
         };
-        if self.capacity > 0 {
-            for row in msg.batch.rows {
-                if self.recent.len() == self.capacity {
-                    self.recent.pop_front();
-                }
-                self.recent.push_back(row);
-            }
-        }
-        Ok(written)
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = dir.join(format!("step-{:06}.json", msg.batch.step));
+        let text = serde_json::to_string(&msg.batch)
+            .map_err(|e| Error::Other(format!("serialising batch: {e}")))?;
+        crate::run::write_atomic(&path, text.as_bytes())?;
+        Ok(Some(path))
     }
 }
 
-/// The most recent rows held by the bank.
+/// Top-k entries for a query, best first ([`Bank::query`]).
 #[derive(Message)]
-#[rtype(result = "Vec<TurnRow>")]
-pub struct RecentRows;
+#[rtype(result = "Result<Vec<Retrieved>>")]
+pub struct QueryBank(pub BankQuery);
 
-impl Handler<RecentRows> for ExperienceBankActor {
-    type Result = MessageResult<RecentRows>;
-    fn handle(&mut self, _: RecentRows, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.recent.iter().cloned().collect())
+impl Handler<QueryBank> for ExperienceBankActor {
+    type Result = Result<Vec<Retrieved>>;
+    fn handle(&mut self, msg: QueryBank, _: &mut Self::Context) -> Self::Result {
+        self.bank.query(&msg.0)
+    }
+}
+
+/// Insert entries in one transaction; returns their ids, in order ([`Bank::put`]). `step`,
+/// `policy_version` and `writer` fill the provenance fields an entry leaves empty.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u64>>")]
+pub struct PutEntries {
+    pub entries: Vec<NewEntry>,
+    /// The training step the put happens at.
+    pub step: u64,
+    /// The policy version at that step.
+    pub policy_version: u64,
+    /// The plugin making the put (or `skill-creator:<reflector>`).
+    pub writer: String,
+}
+
+impl Handler<PutEntries> for ExperienceBankActor {
+    type Result = Result<Vec<u64>>;
+    fn handle(&mut self, msg: PutEntries, _: &mut Self::Context) -> Self::Result {
+        let defaults = Provenance {
+            step: msg.step,
+            policy_version: msg.policy_version,
+            source_trajectories: Vec::new(),
+            writer: msg.writer,
+        };
+        self.bank.put(&msg.entries, &defaults)
+    }
+}
+
+/// Apply statistics and status updates in one transaction; a missing id changes nothing
+/// ([`Bank::update`]). Retiring is an update with `status: Some(Retired)`.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct UpdateEntries(pub Vec<StatsUpdate>);
+
+impl Handler<UpdateEntries> for ExperienceBankActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: UpdateEntries, _: &mut Self::Context) -> Self::Result {
+        self.bank.update(&msg.0)
+    }
+}
+
+/// Write a consistent snapshot of the bank to `dir/bank.sqlite` (a checkpoint directory,
+/// created if needed), atomically ([`Bank::snapshot_to`]).
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct CheckpointBank {
+    pub dir: PathBuf,
+}
+
+impl Handler<CheckpointBank> for ExperienceBankActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: CheckpointBank, _: &mut Self::Context) -> Self::Result {
+        std::fs::create_dir_all(&msg.dir).map_err(|e| Error::io(&msg.dir, e))?;
+        self.bank.snapshot_to(&snapshot_path(&msg.dir))
+    }
+}
+
+/// Make the live bank exactly the snapshot in `dir/bank.sqlite` ([`Bank::restore_from`]); a
+/// checkpoint without one is an error naming the file (nothing is changed).
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct RestoreBank {
+    pub dir: PathBuf,
+}
+
+impl Handler<RestoreBank> for ExperienceBankActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: RestoreBank, _: &mut Self::Context) -> Self::Result {
+        self.bank.restore_from(&snapshot_path(&msg.dir))
+    }
+}
+
+/// Empty the bank and restart ids at 1 ([`Bank::reset`]): for a run that starts over, with no
+/// checkpoint to restore.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct ResetBank;
+
+impl Handler<ResetBank> for ExperienceBankActor {
+    type Result = Result<()>;
+    fn handle(&mut self, _: ResetBank, _: &mut Self::Context) -> Self::Result {
+        self.bank.reset()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_plugin_sdk::bank::{EntryKind, EntryStatus};
+
+    use super::*;
+    use crate::bank::{bank_path, EntryFilter};
+
+    fn entry(text: &str) -> NewEntry {
+        NewEntry {
+            kind: EntryKind::Experience,
+            text: text.into(),
+            ..Default::default()
+        }
+    }
+
+    fn put(texts: &[&str], step: u64) -> PutEntries {
+        PutEntries {
+            entries: texts.iter().map(|t| entry(t)).collect(),
+            step,
+            policy_version: step + 100,
+            writer: "edge".into(),
+        }
+    }
+
+    /// The messages a plugin and the trainer send, through a running actor: put, query,
+    /// update, checkpoint, more writes, restore.
+    #[test]
+    fn messages_reach_the_bank_and_a_restore_undoes_later_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        let checkpoint = run.join("checkpoints/step-000004");
+        let bank = Bank::open(&bank_path(&run)).unwrap();
+        actix::System::new().block_on(async move {
+            let bank = std::sync::Mutex::new(Some(bank));
+            let addr = SyncArbiter::start(1, move || {
+                let bank = bank
+                    .lock()
+                    .expect("the factory runs on one thread")
+                    .take()
+                    .expect("the bank actor is built once");
+                ExperienceBankActor::new(bank, None)
+            });
+            let ids = addr
+                .send(put(&["rinse the mug", "heat the potato"], 4))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(ids, [1, 2]);
+            let found = addr
+                .send(QueryBank(BankQuery {
+                    text: "mug".into(),
+                    ..Default::default()
+                }))
+                .await
+                .unwrap()
+                .unwrap();
+            let found: Vec<(u64, u64, u64, String)> = found
+                .into_iter()
+                .map(|r| {
+                    let p = r.entry.provenance;
+                    (r.entry.id, p.step, p.policy_version, p.writer)
+                })
+                .collect();
+            assert_eq!(found, [(1, 4, 104, "edge".to_string())]);
+            addr.send(UpdateEntries(vec![StatsUpdate {
+                id: 2,
+                add_exposures: 1,
+                ..Default::default()
+            }]))
+            .await
+            .unwrap()
+            .unwrap();
+            addr.send(CheckpointBank {
+                dir: checkpoint.clone(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+
+            addr.send(put(&["later"], 5)).await.unwrap().unwrap();
+            let err = addr
+                .send(UpdateEntries(vec![StatsUpdate {
+                    id: 9,
+                    status: Some(EntryStatus::Retired),
+                    ..Default::default()
+                }]))
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert!(matches!(err, Error::BankNoEntry { id: 9, .. }), "{err}");
+            addr.send(RestoreBank { dir: checkpoint })
+                .await
+                .unwrap()
+                .unwrap();
+            let missing = addr
+                .send(RestoreBank {
+                    dir: run.join("checkpoints/none"),
+                })
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert!(matches!(missing, Error::FileNotFound { .. }), "{missing}");
+            let none = addr
+                .send(RecordBatch {
+                    batch: Batch::default(),
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(none, None);
+            actix::System::current().stop();
+        });
+        let bank = Bank::open(&bank_path(dir.path())).unwrap();
+        let got: Vec<(u64, u64)> = bank
+            .list(&EntryFilter::default())
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.id, e.stats.exposures))
+            .collect();
+        assert_eq!(got, [(1, 0), (2, 1)]);
     }
 }

@@ -5,21 +5,24 @@
 //! | [`policy::PolicyActor`] | `SyncArbiter` (1 thread) | owns the backend: sample, score, train, checkpoint |
 //! | [`rollout::RolloutActor`] | `SyncArbiter` | plans groups, plays episodes, evaluates, collects demonstrations |
 //! | [`reward::RewardActor`] | async arbiter | final rewards and shaping |
-//! | [`bank::ExperienceBankActor`] | async arbiter | records batches, keeps recent trajectories |
+//! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint; records batches |
 //! | [`skills::SkillCreatorActor`] | async arbiter | writes skill entries from trajectories |
 //! | [`optimizer::OptimizerActor`] | `SyncArbiter` | old/ref log-probs, plugin signals, objective, update |
 //!
 //! Actors hold `Recipient`s of their peers' messages; only [`start`] names concrete actor
 //! types. Messages carry plain data (ids, `f32` arrays, rows), never tensors.
+//! `SyncArbiter` actors start through [`threads::SyncThreads`], so the host can wait for their
+//! threads (the policy's runs libtorch) before the process exits.
 
 pub mod bank;
+pub mod host;
 pub mod optimizer;
 pub mod policy;
 pub mod reward;
 pub mod rollout;
 pub mod skills;
+pub mod threads;
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,14 +37,33 @@ use crate::rollout::prompt::{PromptBuilder, TextCodec};
 /// Addresses of a running pipeline.
 pub struct Pipeline {
     pub policy: Addr<policy::PolicyActor>,
+    /// Serves evaluations, demonstrations and the optimizer's resample rounds.
     pub rollout: Addr<rollout::RolloutActor>,
+    /// Plays the RL steps onto the optimizer's queue ([`rollout::RunRollouts`]).
+    pub producer: Addr<rollout::RolloutActor>,
     pub reward: Addr<reward::RewardActor>,
     pub bank: Addr<bank::ExperienceBankActor>,
     pub skills: Addr<skills::SkillCreatorActor>,
     pub optimizer: Addr<optimizer::OptimizerActor>,
     /// With the gateway source: training episodes come from the gateway instead of the
-    /// rollout actor, and generation pauses around weight updates. `None` from [`start`].
+    /// rollout actor, and generation pauses around weight updates. `None` from [`start`];
+    /// attach one with [`Pipeline::attach_gateway`].
     pub gateway: Option<crate::gateway::GatewayLink>,
+    /// The `SyncArbiter` threads above (policy, rollout, optimizer, bank): the host waits on it,
+    /// after the actix system is dropped, before the process exits (see [`threads`]).
+    pub threads: threads::SyncThreads,
+}
+
+impl Pipeline {
+    /// Trains on a gateway's episodes instead of the rollout producer's.
+    pub fn attach_gateway(&mut self, link: crate::gateway::GatewayLink) {
+        self.optimizer.do_send(optimizer::AttachGateway {
+            collect: link.collect.clone(),
+            pause: link.pause.clone(),
+            resume: link.resume.clone(),
+        });
+        self.gateway = Some(link);
+    }
 }
 
 /// Everything [`start`] needs.
@@ -49,22 +71,33 @@ pub struct PipelineParts {
     pub backend: Box<dyn PolicyBackend>,
     pub env: Arc<dyn Environment>,
     pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
+    /// The algorithm stack's names (estimator first), written on bank entries.
+    pub algorithm_name: String,
     pub builder: Arc<dyn PromptBuilder>,
     pub codec: Arc<dyn TextCodec>,
     pub rollout: rollout::RolloutSettings,
+    pub optimizer: optimizer::OptimizerSettings,
     pub reward: reward::RewardConfig,
     pub objective: ObjectiveConfig,
-    pub micro_batch_rows: usize,
-    pub updates_per_batch: usize,
     pub record_dir: Option<PathBuf>,
-    pub bank_capacity: usize,
+    /// The run's experience bank (`Bank::open(&bank::bank_path(run))`, or `Bank::in_memory()`
+    /// where nothing persists); the bank actor owns it.
+    pub bank: crate::bank::Bank,
+    /// The skill creator's reflector.
+    pub skills: crate::config::SkillsConfig,
+    /// The `endpoint` reflector's API key ([`crate::config::PipelineConfig::skills_api_key`]).
+    pub skills_api_key: Option<String>,
 }
 
-/// Starts every actor. Must be called inside a running actix `System`.
+/// Starts every actor and wires them: rollout → reward → bank → (bounded queue) → optimizer,
+/// with the policy actor serving generation, scoring and training, and the host services
+/// ([`host::HostLinks`]) reaching the bank and the skill creator. Must be called inside a
+/// running actix `System`.
 pub fn start(parts: PipelineParts) -> Pipeline {
     let info = parts.env.info();
     let backend = Mutex::new(Some(parts.backend));
-    let policy = SyncArbiter::start(1, move || {
+    let threads = threads::SyncThreads::default();
+    let policy = threads.start(move || {
         policy::PolicyActor::new(
             backend
                 .lock()
@@ -72,65 +105,111 @@ pub fn start(parts: PipelineParts) -> Pipeline {
                 .expect("the policy actor is built once"),
         )
     });
+    let bank = {
+        let (bank, record_dir) = (Mutex::new(Some(parts.bank)), parts.record_dir);
+        threads.start(move || {
+            let bank = bank.lock().take().expect("the bank actor is built once");
+            bank::ExperienceBankActor::new(bank, record_dir.clone())
+        })
+    };
+    let reflector = crate::skills::reflector(
+        &parts.skills,
+        crate::skills::ReflectorPeers {
+            generate: policy.clone().recipient(),
+            builder: parts.builder.clone(),
+            codec: parts.codec.clone(),
+            api_key: parts.skills_api_key.clone(),
+        },
+    );
+    let skills =
+        skills::SkillCreatorActor::new(&parts.skills, bank.clone().recipient(), reflector).start();
+    let reward = reward::RewardActor {
+        config: parts.reward,
+    }
+    .start();
+    let links = host::HostLinks {
+        score: policy.clone().recipient(),
+        score_top_k: policy.clone().recipient(),
+        generate: policy.clone().recipient(),
+        version: policy.clone().recipient(),
+        bank_query: bank.clone().recipient(),
+        bank_put: bank.clone().recipient(),
+        bank_update: bank.clone().recipient(),
+        reflect: skills.clone().recipient(),
+        codec: parts.codec.clone(),
+        builder: parts.builder.clone(),
+        temperature: parts.rollout.temperature,
+        writer: parts.algorithm_name.clone(),
+    };
+    let turn_context = parts.algorithm.lock().requirements().turn_context;
 
-    let rollout_actor = {
+    let rollout_actor = || {
         let env = parts.env.clone();
         let builder = parts.builder.clone();
         let algorithm = parts.algorithm.clone();
         let generate = policy.clone().recipient();
         let settings = parts.rollout.clone();
-        SyncArbiter::start(1, move || rollout::RolloutActor {
+        let links = links.clone();
+        let reward = reward.clone().recipient();
+        let record = bank.clone().recipient();
+        threads.start(move || rollout::RolloutActor {
             env: env.clone(),
             builder: builder.clone(),
             algorithm: algorithm.clone(),
             policy: generate.clone(),
+            links: links.clone(),
+            turn_context,
+            reward: reward.clone(),
+            record: record.clone(),
             settings: settings.clone(),
             train_tasks: info.train_tasks,
             test_tasks: info.test_tasks,
             env_max_turns: info.max_turns,
         })
     };
+    let rollout = rollout_actor();
+    let producer = rollout_actor();
 
-    let optimizer_actor = {
+    let optimizer = {
         let algorithm = parts.algorithm.clone();
+        let links = links.clone();
         let score = policy.clone().recipient();
-        let generate = policy.clone().recipient();
+        let version = policy.clone().recipient();
         let train = policy.clone().recipient();
-        let codec = parts.codec.clone();
+        let sft = policy.clone().recipient();
+        let source = rollout.clone().recipient();
+        let reward = reward.clone().recipient();
+        let record = bank.clone().recipient();
+        let take_finished = skills.clone().recipient();
         let objective = parts.objective.clone();
-        let (micro, updates, temperature) = (
-            parts.micro_batch_rows,
-            parts.updates_per_batch,
-            parts.rollout.temperature,
-        );
-        SyncArbiter::start(1, move || optimizer::OptimizerActor {
+        let settings = parts.optimizer.clone();
+        threads.start(move || optimizer::OptimizerActor {
             algorithm: algorithm.clone(),
+            links: links.clone(),
             score: score.clone(),
-            generate: generate.clone(),
+            version: version.clone(),
             train: train.clone(),
-            codec: codec.clone(),
+            sft: sft.clone(),
+            source: source.clone(),
+            reward: reward.clone(),
+            record: record.clone(),
+            take_finished: take_finished.clone(),
             objective: objective.clone(),
-            micro_batch_rows: micro,
-            updates_per_batch: updates,
-            temperature,
+            settings: settings.clone(),
+            feed: None,
+            gateway: None,
         })
     };
 
     Pipeline {
         policy,
-        rollout: rollout_actor,
-        reward: reward::RewardActor {
-            config: parts.reward,
-        }
-        .start(),
-        bank: bank::ExperienceBankActor {
-            record_dir: parts.record_dir,
-            capacity: parts.bank_capacity,
-            recent: VecDeque::new(),
-        }
-        .start(),
-        skills: skills::SkillCreatorActor::default().start(),
-        optimizer: optimizer_actor,
+        rollout,
+        producer,
+        reward,
+        bank,
+        skills,
+        optimizer,
         gateway: None,
+        threads,
     }
 }

@@ -1,208 +1,520 @@
-//! The optimizer actor: recomputes old and reference log-probs, runs the algorithm plugin's
-//! signals, builds the f32 RL objective and has the policy actor take the optimizer step(s).
+//! The optimizer actor: takes each RL step's batch off the bounded queue the rollout producer
+//! fills, drops rows staler than the bound, fills in `ℓ_old` (and `ℓ_ref` when needed), runs
+//! the algorithm's signals (sampling more groups while dynamic sampling drops some), builds the
+//! f32 objective, has the policy actor take the optimizer step(s), and reports the step to the
+//! algorithm ([`cairn_plugin_sdk::Algorithm::observe`]). The warm start's supervised steps go
+//! through it too ([`SupervisedStep`]).
 //!
-//! It runs on a `SyncArbiter` thread: the plugin's host callbacks (re-scoring, generation)
-//! block on the policy actor, which lives on another thread.
+//! It runs on a `SyncArbiter` thread: the queue, the plugin's host callbacks and the policy
+//! actor's answers all block it, never an async arbiter.
+//!
+//! Scoring is skipped where it would only repeat known numbers: with
+//! `optimizer.reuse_rollout_logprobs`, a row sampled by the live weights (same version, full
+//! nucleus, rollout temperature) keeps its sampled log-probs as `ℓ_old`; the reference pass
+//! runs only when the objective uses the KL or a plugin reads `ref_logprobs`.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{
-    Algorithm, Batch, GenerateRequest, Generation, Host, PluginError, ScoreRequest, Signals,
-};
+use cairn_plugin_sdk::{Algorithm, Batch, Signals, StepReport as AlgorithmReport, TurnRow};
 use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
 
-use crate::actors::policy::{call, Generate, Score, TrainStep};
-use crate::backend::{SamplingParams, Sequence, StepReport, Weights};
+use crate::actors::bank::RecordBatch;
+use crate::actors::host::{HostLinks, KernelHost};
+use crate::actors::policy::{call, PolicyVersion, Score, TrainStep};
+use crate::actors::reward::FinaliseRewards;
+use crate::actors::rollout::{collect_chain, CollectGroups, Collected};
+use crate::actors::skills::TakeFinished;
+use crate::backend::{Sequence, StepReport, Weights};
 use crate::error::{Error, Result};
-use crate::objective::{KlMode, LossReport, ObjectiveConfig, ObjectiveRow, RlLoss};
-use crate::rollout::prompt::TextCodec;
+use crate::gateway::{PauseSampling, ResumeSampling};
+use crate::loss::SftLoss;
+use crate::objective::{
+    all_rows, apply_kl_to_rewards, train_sequences, trained_rows, KlMode, LossReport,
+    ObjectiveConfig, RlLoss,
+};
 
-pub struct OptimizerActor {
-    pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
-    pub score: Recipient<Score>,
-    pub generate: Recipient<Generate>,
-    pub train: Recipient<TrainStep<RlLoss>>,
-    pub codec: Arc<dyn TextCodec>,
-    pub objective: ObjectiveConfig,
+/// What the optimizer needs from the pipeline config.
+#[derive(Clone, Debug)]
+pub struct OptimizerSettings {
     /// Rows per micro-batch.
     pub micro_batch_rows: usize,
     /// Optimizer steps per batch (mini-batches); 1 is plain on-policy.
     pub updates_per_batch: usize,
     /// Rollout temperature: scoring and training use it too (trl #4159).
     pub temperature: f32,
+    /// Task groups per step (B).
+    pub tasks_per_step: usize,
+    pub max_resample_rounds: u32,
+    /// A row whose version is more than this many policy versions behind the live weights
+    /// when its step trains is dropped (counted), never trained on.
+    pub max_staleness: u64,
+    /// Reuse a row's sampled log-probs as `ℓ_old` when the live weights sampled it. The
+    /// config allows it only where the sampled log-probs are the scoring distribution's: the
+    /// environment source, full nucleus (`top_p = 1`), the rollout temperature.
+    pub reuse_rollout_logprobs: bool,
+    /// Run the reference pass even with the KL off (a plugin reads `ref_logprobs`).
+    pub plugin_reads_reference: bool,
+}
+
+/// Where a step's first batch comes from.
+pub enum Feed {
+    /// The rollout producer's bounded queue.
+    Queue(crossbeam::channel::Receiver<Result<Collected>>),
+    /// Collected by the optimizer itself through its source (the gateway), at k = 0.
+    Pull,
+}
+
+pub struct OptimizerActor {
+    pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
+    pub links: HostLinks,
+    pub score: Recipient<Score>,
+    pub version: Recipient<PolicyVersion>,
+    pub train: Recipient<TrainStep<RlLoss>>,
+    pub sft: Recipient<TrainStep<SftLoss>>,
+    /// Where resample rounds (and, with [`Feed::Pull`], every batch) are collected.
+    pub source: Recipient<CollectGroups>,
+    pub reward: Recipient<FinaliseRewards>,
+    pub record: Recipient<RecordBatch>,
+    pub take_finished: Recipient<TakeFinished>,
+    pub objective: ObjectiveConfig,
+    pub settings: OptimizerSettings,
+    pub feed: Option<Feed>,
+    /// With the gateway: generation pauses around each weight update.
+    pub gateway: Option<(Recipient<PauseSampling>, Recipient<ResumeSampling>)>,
 }
 
 impl Actor for OptimizerActor {
     type Context = SyncContext<Self>;
 }
 
-/// A batch ready for the update: signals plus the log-probs they were computed with.
-#[derive(Debug, Default)]
-pub struct Prepared {
-    pub batch: Batch,
-    pub signals: Signals,
-    /// `ℓ_old` per row, `[rows][L]`, recomputed by the trainer before the update.
-    pub old_logp: Vec<Vec<f32>>,
-    /// `ℓ_ref` per row when the objective uses KL.
-    pub ref_logp: Option<Vec<Vec<f32>>>,
-    /// Metrics from the plugin (its `Signals::metrics` and host `log_metric` calls) and from
-    /// the preparation itself.
-    pub metrics: Vec<(String, f64)>,
-}
-
-/// Recompute log-probs, apply KL-in-reward if configured, and run the plugin's signals.
+/// One supervised step of the warm start: imitate every response token.
 #[derive(Message)]
-#[rtype(result = "Result<Prepared>")]
-pub struct PrepareBatch {
-    pub batch: Batch,
+#[rtype(result = "Result<(StepReport, SftLoss)>")]
+pub struct SupervisedStep {
+    pub sequences: Vec<Sequence>,
 }
 
-impl Handler<PrepareBatch> for OptimizerActor {
-    type Result = Result<Prepared>;
-    fn handle(&mut self, msg: PrepareBatch, _: &mut Self::Context) -> Self::Result {
-        let mut batch = msg.batch;
-        batch.validate()?;
-        let sequences = sequences(&batch);
-        let old_logp = call(
-            &self.score,
-            Score {
-                sequences: sequences.clone(),
-                temperature: self.temperature,
-                weights: Weights::Current,
+impl Handler<SupervisedStep> for OptimizerActor {
+    type Result = Result<(StepReport, SftLoss)>;
+    fn handle(&mut self, msg: SupervisedStep, _: &mut Self::Context) -> Self::Result {
+        let masks = msg
+            .sequences
+            .iter()
+            .map(|s| vec![1u8; s.response_ids.len()])
+            .collect();
+        let micro = micro_batches(msg.sequences.len(), self.settings.micro_batch_rows);
+        call(
+            &self.sft,
+            TrainStep {
+                sequences: msg.sequences,
+                micro_batches: micro,
+                temperature: 1.0,
+                loss: SftLoss::new(masks),
             },
-        )??;
-        // The reference is scored even when the KL is not in the objective, so the `kl`
-        // metric (how far RL has moved the policy) is always reported.
-        let ref_logp = Some(call(
+        )?
+    }
+}
+
+/// Where the next RL steps' batches come from.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachFeed(pub Feed);
+
+impl Handler<AttachFeed> for OptimizerActor {
+    type Result = ();
+    fn handle(&mut self, msg: AttachFeed, _: &mut Self::Context) {
+        self.feed = Some(msg.0);
+    }
+}
+
+/// Trains on the episodes of an OpenAI-compatible gateway: batches are collected through
+/// `collect`, and generation pauses around each update.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachGateway {
+    pub collect: Recipient<CollectGroups>,
+    pub pause: Recipient<PauseSampling>,
+    pub resume: Recipient<ResumeSampling>,
+}
+
+impl Handler<AttachGateway> for OptimizerActor {
+    type Result = ();
+    fn handle(&mut self, msg: AttachGateway, _: &mut Self::Context) {
+        self.source = msg.collect;
+        self.gateway = Some((msg.pause, msg.resume));
+        self.feed = Some(Feed::Pull);
+    }
+}
+
+/// Train RL step `step` (0-based) on the next batch.
+#[derive(Message)]
+#[rtype(result = "Result<StepOutcome>")]
+pub struct TrainNext {
+    pub step: u64,
+    /// Group ids for resample rounds (shared with the producer).
+    pub next_group_id: Arc<AtomicU64>,
+}
+
+/// What a step did: its metrics (one `metrics.jsonl` line) and the policy version after it.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    pub values: Map<String, Value>,
+    pub policy_version: u64,
+}
+
+impl Handler<TrainNext> for OptimizerActor {
+    type Result = Result<StepOutcome>;
+    fn handle(&mut self, msg: TrainNext, _: &mut Self::Context) -> Self::Result {
+        self.train_next(msg)
+    }
+}
+
+impl OptimizerActor {
+    fn train_next(&mut self, msg: TrainNext) -> Result<StepOutcome> {
+        let started = Instant::now();
+        let step = msg.step;
+        let b = self.settings.tasks_per_step;
+        let mut collected = match &self.feed {
+            Some(Feed::Queue(rx)) => rx.recv().map_err(|_| {
+                Error::Other(format!(
+                    "the rollout producer stopped before RL step {step}; see its error above"
+                ))
+            })??,
+            Some(Feed::Pull) => collect_chain(
+                &self.source,
+                &self.reward,
+                &self.record,
+                CollectGroups {
+                    step,
+                    round: 0,
+                    groups: b,
+                    first_group_id: msg.next_group_id.fetch_add(b as u64, Ordering::SeqCst),
+                },
+            )?,
+            None => {
+                return Err(Error::Other(
+                    "the optimizer has no batch feed: start the rollout producer first".into(),
+                ))
+            }
+        };
+        if collected.step != step {
+            return Err(Error::Other(format!(
+                "the rollout queue delivered step {} while step {step} trains",
+                collected.step
+            )));
+        }
+        let version_now = call(&self.version, PolicyVersion)?;
+        let mut values = Map::new();
+        let stale = self.drop_stale(&mut collected.batch, version_now);
+        let mut metrics = self.fill_logprobs(&mut collected.batch.rows, version_now)?;
+
+        let dynamic = self.algorithm.lock().requirements().dynamic_sampling;
+        let mut round = 0u32;
+        let (signals, host_metrics) = loop {
+            let host = KernelHost::new(&self.links, step, version_now, &collected.batch.rows);
+            let signals = self.algorithm.lock().signals(&collected.batch, &host)?;
+            let host_metrics = host.into_metrics();
+            signals.validate_against(&collected.batch)?;
+            let groups: std::collections::HashSet<u64> =
+                collected.batch.rows.iter().map(|r| r.group_id).collect();
+            let kept = groups.len().saturating_sub(signals.dropped_groups.len());
+            if !dynamic || kept >= b || round >= self.settings.max_resample_rounds {
+                break (signals, host_metrics);
+            }
+            // Dynamic sampling: collect more groups; only the new rows are scored, and the
+            // (pure) signals run again on the grown batch.
+            round += 1;
+            let want = b - kept;
+            let mut more = collect_chain(
+                &self.source,
+                &self.reward,
+                &self.record,
+                CollectGroups {
+                    step,
+                    round,
+                    groups: want,
+                    first_group_id: msg.next_group_id.fetch_add(want as u64, Ordering::SeqCst),
+                },
+            )?;
+            self.drop_stale(&mut more.batch, version_now);
+            let more_metrics = self.fill_logprobs(&mut more.batch.rows, version_now)?;
+            metrics = merge_mismatch(metrics, more_metrics);
+            collected.extend(more);
+        };
+        let mut signals = signals;
+        self.fill_extra_rows(&mut signals.extra_rows, version_now)?;
+
+        for (k, v) in crate::objective::metrics::batch_metrics(&collected.batch, &signals) {
+            values.insert(k, json!(v));
+        }
+        for (k, v) in metrics
+            .into_iter()
+            .chain(signals.metrics.iter().cloned())
+            .chain(host_metrics)
+        {
+            values.insert(k, json!(v));
+        }
+        values.insert("episodes_aborted".into(), json!(collected.aborted));
+        values.insert("resample_rounds".into(), json!(round));
+        values.insert(
+            "tokens_per_s".into(),
+            json!(collected.sampled_tokens as f64 / collected.rollout_secs.max(1e-9)),
+        );
+        values.insert("rollout_time_s".into(), json!(collected.rollout_secs));
+        values.insert("reward/unplaceable".into(), json!(collected.unplaceable));
+        stale.insert_into(&mut values);
+
+        let t = Instant::now();
+        let (steps, losses) = self.optimise(&collected.batch, &signals)?;
+        let train_secs = t.elapsed().as_secs_f64();
+        if let Some(loss) = losses.last() {
+            if let Value::Object(m) = serde_json::to_value(loss).unwrap_or(Value::Null) {
+                values.extend(m);
+            }
+        }
+        let trained: usize = steps.iter().map(|s| s.tokens).sum();
+        if let Some(s) = steps.last() {
+            values.insert("grad_norm".into(), json!(s.grad_norm));
+        }
+        values.insert(
+            "train_tokens_per_s".into(),
+            json!(trained as f64 / train_secs.max(1e-9)),
+        );
+        values.insert("train_time_s".into(), json!(train_secs));
+        let policy_version = steps.last().map_or(version_now, |s| s.policy_version);
+
+        // The step is done: the algorithm updates its state once, from every row of the step.
+        let finished = call(&self.take_finished, TakeFinished)??;
+        for (k, v) in &finished.metrics {
+            values.insert(k.clone(), json!(v));
+        }
+        let mut dropped_groups = signals.dropped_groups.clone();
+        dropped_groups.extend(stale.groups.iter().copied());
+        let report = AlgorithmReport {
+            step,
+            policy_version,
+            batch: collected.batch,
+            dropped_groups,
+            new_entries: finished.new_entries,
+            failed_reflections: finished.failed,
+        };
+        let host = KernelHost::new(&self.links, step, policy_version, &report.batch.rows);
+        self.algorithm.lock().observe(&report, &host)?;
+        for (k, v) in host.into_metrics() {
+            values.insert(k, json!(v));
+        }
+        values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
+        Ok(StepOutcome {
+            values,
+            policy_version,
+        })
+    }
+
+    /// Drops every trajectory with a row more than `max_staleness` versions behind `now`.
+    fn drop_stale(&self, batch: &mut Batch, now: u64) -> Staleness {
+        let k = self.settings.max_staleness;
+        let mut out = Staleness::default();
+        let stale_trajectories: std::collections::HashSet<u64> = batch
+            .rows
+            .iter()
+            .filter(|r| now.saturating_sub(r.policy_version) > k)
+            .map(|r| r.trajectory_id)
+            .collect();
+        let mut sum = 0u64;
+        for r in &batch.rows {
+            let lag = now.saturating_sub(r.policy_version);
+            out.max = out.max.max(lag);
+            sum += lag;
+        }
+        out.mean = if batch.rows.is_empty() {
+            0.0
+        } else {
+            sum as f64 / batch.rows.len() as f64
+        };
+        if !stale_trajectories.is_empty() {
+            let before = batch.rows.len();
+            let mut groups = std::collections::BTreeSet::new();
+            batch.rows.retain(|r| {
+                let stale = stale_trajectories.contains(&r.trajectory_id);
+                if stale {
+                    groups.insert(r.group_id);
+                }
+                !stale
+            });
+            out.rows_dropped = before - batch.rows.len();
+            out.trajectories_dropped = stale_trajectories.len();
+            let live: std::collections::HashSet<u64> =
+                batch.rows.iter().map(|r| r.group_id).collect();
+            out.groups = groups.into_iter().filter(|g| !live.contains(g)).collect();
+            tracing::warn!(
+                rows = out.rows_dropped,
+                trajectories = out.trajectories_dropped,
+                bound = k,
+                "dropped rows staler than rollout.max_staleness"
+            );
+        }
+        out
+    }
+
+    /// Fills `old_logprobs` (and `ref_logprobs` when needed) of `rows`, and applies the KL
+    /// penalty to their rewards with `kl_mode = reward`. Returns the log-prob mismatch metrics
+    /// of the recomputed rows.
+    fn fill_logprobs(&self, rows: &mut [TurnRow], version_now: u64) -> Result<Vec<(String, f64)>> {
+        let s = &self.settings;
+        let recompute: Vec<usize> = (0..rows.len())
+            .filter(|&i| {
+                !(s.reuse_rollout_logprobs
+                    && rows[i].policy_version == version_now
+                    && rows[i].train_prompt_ids.is_none())
+            })
+            .collect();
+        for (i, row) in rows.iter_mut().enumerate() {
+            if recompute.binary_search(&i).is_err() {
+                row.old_logprobs = row.response_logprobs.clone();
+            }
+        }
+        let mut metrics = Vec::new();
+        if !recompute.is_empty() {
+            let scored = self.score_rows(rows, &recompute, Weights::Current)?;
+            let mut checked = Vec::with_capacity(recompute.len());
+            for (&i, lp) in recompute.iter().zip(scored) {
+                rows[i].old_logprobs = lp;
+                checked.push(i);
+            }
+            metrics = logprob_mismatch(rows, &checked);
+        }
+        if self.needs_reference() {
+            let all: Vec<usize> = (0..rows.len()).collect();
+            let scored = self.score_rows(rows, &all, Weights::Reference)?;
+            for (row, lp) in rows.iter_mut().zip(scored) {
+                row.ref_logprobs = lp;
+            }
+        }
+        if self.objective.kl_mode == KlMode::Reward && self.objective.uses_reference() {
+            let mut batch = Batch {
+                step: 0,
+                rows: rows.to_vec(),
+            };
+            let old: Vec<Vec<f32>> = batch.rows.iter().map(|r| r.old_logprobs.clone()).collect();
+            let reference: Vec<Vec<f32>> =
+                batch.rows.iter().map(|r| r.ref_logprobs.clone()).collect();
+            apply_kl_to_rewards(&self.objective, &mut batch, &old, &reference)?;
+            rows.clone_from_slice(&batch.rows);
+        }
+        Ok(metrics)
+    }
+
+    /// `ℓ_old` (and `ℓ_ref`) of a plugin's extra rows, under their training prompts.
+    fn fill_extra_rows(&self, rows: &mut [TurnRow], _version_now: u64) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let old = self.score_rows(rows, &all, Weights::Current)?;
+        for (row, lp) in rows.iter_mut().zip(old) {
+            row.old_logprobs = lp;
+        }
+        if self.needs_reference() {
+            let reference = self.score_rows(rows, &all, Weights::Reference)?;
+            for (row, lp) in rows.iter_mut().zip(reference) {
+                row.ref_logprobs = lp;
+            }
+        }
+        Ok(())
+    }
+
+    fn needs_reference(&self) -> bool {
+        self.objective.uses_reference() || self.settings.plugin_reads_reference
+    }
+
+    fn score_rows(
+        &self,
+        rows: &[TurnRow],
+        which: &[usize],
+        weights: Weights,
+    ) -> Result<Vec<Vec<f32>>> {
+        let refs: Vec<&TurnRow> = rows.iter().collect();
+        let sequences = train_sequences(&refs, which)?;
+        call(
             &self.score,
             Score {
                 sequences,
-                temperature: self.temperature,
-                weights: Weights::Reference,
+                temperature: self.settings.temperature,
+                weights,
             },
-        )??);
-        let mut metrics = logprob_mismatch(&batch, &old_logp);
-        if let (KlMode::Reward, Some(reference)) = (self.objective.kl_mode, &ref_logp) {
-            crate::objective::apply_kl_to_rewards(
-                &self.objective,
-                &mut batch,
-                &old_logp,
-                reference,
-            )?;
-        }
-        let host = PolicyHost {
-            score: &self.score,
-            generate: &self.generate,
-            codec: self.codec.as_ref(),
-            temperature: self.temperature,
-            metrics: Mutex::new(Vec::new()),
-        };
-        let signals = self.algorithm.lock().signals(&batch, &host)?;
-        signals.validate_against(&batch)?;
-        metrics.extend(signals.metrics.iter().cloned());
-        metrics.extend(host.metrics.into_inner());
-        Ok(Prepared {
-            batch,
-            signals,
-            old_logp,
-            ref_logp,
-            metrics,
-        })
+        )?
     }
-}
 
-/// Take the optimizer step(s) for a prepared batch.
-#[derive(Message)]
-#[rtype(result = "Result<Optimised>")]
-pub struct Optimise {
-    pub prepared: Prepared,
-}
-
-/// What the update did.
-#[derive(Debug, Default)]
-pub struct Optimised {
-    /// One per optimizer step (mini-batch).
-    pub steps: Vec<StepReport>,
-    /// The loss of each optimizer step.
-    pub losses: Vec<LossReport>,
-    /// Rows trained on (rows of dropped groups excluded).
-    pub rows: usize,
-}
-
-impl Handler<Optimise> for OptimizerActor {
-    type Result = Result<Optimised>;
-    fn handle(&mut self, msg: Optimise, _: &mut Self::Context) -> Self::Result {
-        let p = msg.prepared;
-        let dropped: std::collections::HashSet<u64> =
-            p.signals.dropped_groups.iter().copied().collect();
-        let keep: Vec<usize> = (0..p.batch.rows.len())
-            .filter(|&i| !dropped.contains(&p.batch.rows[i].group_id))
-            .collect();
+    /// The optimizer step(s) of a batch: one per mini-batch of the trained rows.
+    fn optimise(
+        &self,
+        batch: &Batch,
+        signals: &Signals,
+    ) -> Result<(Vec<StepReport>, Vec<LossReport>)> {
+        let rows = all_rows(batch, signals);
+        let keep = trained_rows(batch, signals);
+        let mut steps = Vec::new();
+        let mut losses = Vec::new();
         if keep.is_empty() {
-            return Ok(Optimised::default());
+            return Ok((steps, losses));
         }
-        let mut out = Optimised {
-            rows: keep.len(),
-            ..Default::default()
-        };
-        for mini in split_even(&keep, self.updates_per_batch) {
-            let mut rows = Vec::with_capacity(mini.len());
-            let mut seqs = Vec::with_capacity(mini.len());
-            for &i in &mini {
-                let row = &p.batch.rows[i];
-                rows.push(ObjectiveRow {
-                    mask: row.response_mask.clone(),
-                    advantages: p.signals.advantages[i].clone(),
-                    old_logp: p.old_logp[i].clone(),
-                    ref_logp: p.ref_logp.as_ref().map(|r| r[i].clone()),
-                    rollout_id: row.trajectory_id,
-                    aux: p
-                        .signals
-                        .aux
-                        .iter()
-                        .map(|t| t.coefficients[i].clone())
-                        .collect(),
-                });
-                seqs.push(Sequence {
-                    prompt_ids: row.prompt_ids.clone(),
-                    response_ids: row.response_ids.clone(),
-                });
+        if let Some((pause, _)) = &self.gateway {
+            call(pause, PauseSampling)?;
+        }
+        let result = (|| {
+            for mini in split_even(&keep, self.settings.updates_per_batch) {
+                let loss = RlLoss::from_rows(&self.objective, &rows, signals, &mini)?;
+                let sequences = train_sequences(&rows, &mini)?;
+                let micro_batches = micro_batches(sequences.len(), self.settings.micro_batch_rows);
+                let (report, loss) = call(
+                    &self.train,
+                    TrainStep {
+                        sequences,
+                        micro_batches,
+                        temperature: self.settings.temperature,
+                        loss,
+                    },
+                )??;
+                loss.check_complete()?;
+                steps.push(report);
+                losses.push(loss.report());
             }
-            let aux_coefs = p
-                .signals
-                .aux
-                .iter()
-                .map(|t| (t.name.clone(), t.coef))
-                .collect();
-            let loss = RlLoss::new(&self.objective, rows, aux_coefs)?;
-            let micro_batches = micro_batches(seqs.len(), self.micro_batch_rows);
-            let (report, loss) = call(
-                &self.train,
-                TrainStep {
-                    sequences: seqs,
-                    micro_batches,
-                    temperature: self.temperature,
-                    loss,
-                },
-            )??;
-            out.steps.push(report);
-            out.losses.push(loss.report());
+            Ok(())
+        })();
+        if let Some((_, resume)) = &self.gateway {
+            call(resume, ResumeSampling)?;
         }
-        Ok(out)
+        result.map(|()| (steps, losses))
     }
 }
 
-fn sequences(batch: &Batch) -> Vec<Sequence> {
-    batch
-        .rows
-        .iter()
-        .map(|r| Sequence {
-            prompt_ids: r.prompt_ids.clone(),
-            response_ids: r.response_ids.clone(),
-        })
-        .collect()
+/// What the staleness bound did to a step's batch.
+#[derive(Debug, Default)]
+struct Staleness {
+    /// Mean and max of `live version − row version` over the rows received.
+    mean: f64,
+    max: u64,
+    rows_dropped: usize,
+    trajectories_dropped: usize,
+    /// Groups none of whose rows is left.
+    groups: Vec<u64>,
+}
+
+impl Staleness {
+    fn insert_into(&self, values: &mut Map<String, Value>) {
+        values.insert("staleness/mean".into(), json!(self.mean));
+        values.insert("staleness/max".into(), json!(self.max));
+        values.insert("staleness/rows_dropped".into(), json!(self.rows_dropped));
+        values.insert(
+            "staleness/trajectories_dropped".into(),
+            json!(self.trajectories_dropped),
+        );
+    }
 }
 
 /// Consecutive ranges of at most `size` rows covering `0..n`.
@@ -227,13 +539,20 @@ fn split_even(items: &[usize], parts: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// How far the trainer's recomputed log-probs are from the sampled ones, over masked tokens:
-/// `logprob_mismatch/mean_abs` and `/max_abs`. Large values mean rollout and trainer disagree
+/// How far the trainer's recomputed log-probs are from the sampled ones, over the masked
+/// tokens of the rows `which`: `logprob_mismatch/mean_abs` and `/max_abs` (with the token
+/// count, so two rounds merge exactly). Large values mean rollout and trainer disagree
 /// (temperature, numerics, or wrong ids) and every importance ratio is off.
-fn logprob_mismatch(batch: &Batch, recomputed: &[Vec<f32>]) -> Vec<(String, f64)> {
+fn logprob_mismatch(rows: &[TurnRow], which: &[usize]) -> Vec<(String, f64)> {
     let (mut sum, mut max, mut n) = (0.0f64, 0.0f64, 0usize);
-    for (row, lp) in batch.rows.iter().zip(recomputed) {
-        for ((&m, &sampled), &now) in row.response_mask.iter().zip(&row.response_logprobs).zip(lp) {
+    for &i in which {
+        let row = &rows[i];
+        for ((&m, &sampled), &now) in row
+            .response_mask
+            .iter()
+            .zip(&row.response_logprobs)
+            .zip(&row.old_logprobs)
+        {
             if m == 1 {
                 let d = f64::from((sampled - now).abs());
                 sum += d;
@@ -246,78 +565,35 @@ fn logprob_mismatch(batch: &Batch, recomputed: &[Vec<f32>]) -> Vec<(String, f64)
     vec![
         ("logprob_mismatch/mean_abs".into(), mean),
         ("logprob_mismatch/max_abs".into(), max),
+        ("logprob_mismatch/tokens".into(), n as f64),
     ]
 }
 
-/// The host callbacks a plugin gets during `signals`.
-struct PolicyHost<'a> {
-    score: &'a Recipient<Score>,
-    generate: &'a Recipient<Generate>,
-    codec: &'a dyn TextCodec,
-    temperature: f32,
-    metrics: Mutex<Vec<(String, f64)>>,
-}
-
-fn host_error(e: Error) -> PluginError {
-    PluginError::host(e.to_string())
-}
-
-impl Host for PolicyHost<'_> {
-    fn score(&self, requests: &[ScoreRequest]) -> cairn_plugin_sdk::Result<Vec<Vec<f32>>> {
-        let sequences = requests
-            .iter()
-            .map(|r| Sequence {
-                prompt_ids: r.context_ids.clone(),
-                response_ids: r.response_ids.clone(),
-            })
-            .collect();
-        call(
-            self.score,
-            Score {
-                sequences,
-                temperature: self.temperature,
-                weights: Weights::Current,
-            },
-        )
-        .and_then(|r| r)
-        .map_err(host_error)
-    }
-
-    fn generate(&self, requests: &[GenerateRequest]) -> cairn_plugin_sdk::Result<Vec<Generation>> {
-        let mut out = Vec::with_capacity(requests.len());
-        for r in requests {
-            let params = SamplingParams {
-                temperature: r.temperature,
-                top_p: r.top_p,
-                max_new_tokens: r.max_new_tokens,
-                stop_ids: Vec::new(),
-                seed: r.seed,
-            };
-            let g = call(
-                self.generate,
-                Generate {
-                    prompts: vec![r.prompt_ids.clone()],
-                    params,
-                },
-            )
-            .and_then(|r| r)
-            .map_err(host_error)?;
-            out.extend(g.generations.into_iter().map(|g| Generation {
-                ids: g.ids,
-                logprobs: g.logprobs,
-                finish_reason: g.finish_reason,
-            }));
-        }
-        Ok(out)
-    }
-
-    fn tokenize(&self, text: &str) -> cairn_plugin_sdk::Result<Vec<u32>> {
-        self.codec.encode(text).map_err(host_error)
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().push((name.to_string(), value));
-    }
+/// Merges the mismatch metrics of two scoring passes (token-weighted mean, max of maxes).
+fn merge_mismatch(a: Vec<(String, f64)>, b: Vec<(String, f64)>) -> Vec<(String, f64)> {
+    let get = |v: &[(String, f64)], k: &str| v.iter().find(|(n, _)| n == k).map(|p| p.1);
+    let (Some(na), Some(nb)) = (
+        get(&a, "logprob_mismatch/tokens"),
+        get(&b, "logprob_mismatch/tokens"),
+    ) else {
+        return if a.is_empty() { b } else { a };
+    };
+    let n = na + nb;
+    let mean = if n == 0.0 {
+        0.0
+    } else {
+        (get(&a, "logprob_mismatch/mean_abs").unwrap_or(0.0) * na
+            + get(&b, "logprob_mismatch/mean_abs").unwrap_or(0.0) * nb)
+            / n
+    };
+    let max = get(&a, "logprob_mismatch/max_abs")
+        .unwrap_or(0.0)
+        .max(get(&b, "logprob_mismatch/max_abs").unwrap_or(0.0));
+    vec![
+        ("logprob_mismatch/mean_abs".into(), mean),
+        ("logprob_mismatch/max_abs".into(), max),
+        ("logprob_mismatch/tokens".into(), n),
+    ]
 }
 
 #[cfg(test)]
@@ -337,5 +613,23 @@ mod tests {
             vec![vec![1, 2, 3], vec![4, 5]]
         );
         assert_eq!(split_even(&[1], 4), vec![vec![1]]);
+    }
+
+    #[test]
+    fn mismatch_of_two_rounds_merges_token_weighted() {
+        let a = vec![
+            ("logprob_mismatch/mean_abs".to_string(), 0.1),
+            ("logprob_mismatch/max_abs".to_string(), 0.3),
+            ("logprob_mismatch/tokens".to_string(), 3.0),
+        ];
+        let b = vec![
+            ("logprob_mismatch/mean_abs".to_string(), 0.5),
+            ("logprob_mismatch/max_abs".to_string(), 0.5),
+            ("logprob_mismatch/tokens".to_string(), 1.0),
+        ];
+        let m = merge_mismatch(a, b);
+        assert!((m[0].1 - 0.2).abs() < 1e-12, "{m:?}");
+        assert_eq!(m[1].1, 0.5);
+        assert_eq!(m[2].1, 4.0);
     }
 }

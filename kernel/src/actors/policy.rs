@@ -213,3 +213,34 @@ impl Handler<ExportModel> for PolicyActor {
         self.guarded("export model", |b| b.export(&msg.tokenizer_dir, &msg.dir))
     }
 }
+
+/// Log-probs plus the top-k ids and log-probs per response position, no grad.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<cairn_plugin_sdk::Scored>>")]
+pub struct ScoreTopK {
+    pub sequences: Vec<Sequence>,
+    pub temperature: f32,
+    pub weights: Weights,
+    pub top_k: u32,
+}
+
+impl Handler<ScoreTopK> for PolicyActor {
+    type Result = Result<Vec<cairn_plugin_sdk::Scored>>;
+    fn handle(&mut self, msg: ScoreTopK, _: &mut Self::Context) -> Self::Result {
+        self.guarded("score top-k", |b| {
+            b.score_top_k(&msg.sequences, msg.temperature, msg.weights, msg.top_k)
+        })
+    }
+}
+
+/// Keep the weights of the last `n` policy versions for [`Weights::Version`] scoring.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct RetainVersions(pub usize);
+
+impl Handler<RetainVersions> for PolicyActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: RetainVersions, _: &mut Self::Context) -> Self::Result {
+        self.guarded("retain versions", |b| b.retain_versions(msg.0))
+    }
+}

@@ -2,23 +2,35 @@
 //! and plays B × G episodes against the environment plugin with batched generation through the
 //! policy actor. Also plays held-out evaluations and collects expert demonstrations.
 //!
+//! In an RL run one rollout actor is the **producer** ([`RunRollouts`]): step after step it
+//! waits at the [`StalenessGate`] until the optimizer is at most `lag` steps behind, plays the
+//! step's groups, has the reward actor finalise them and the experience bank record them, and
+//! puts the batch on the bounded queue the optimizer actor reads. A second rollout actor
+//! serves evaluations, demonstrations and the optimizer's resample rounds meanwhile.
+//!
 //! It runs on a `SyncArbiter` thread: each turn it blocks on the policy actor's answer, and
 //! environment plugin calls are synchronous anyway.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{Algorithm, Environment, GroupRequest, Split, TaskRef};
-use parking_lot::Mutex;
+use cairn_plugin_sdk::{Algorithm, Batch, Environment, GroupRequest, Split, TaskRef};
+use parking_lot::{Condvar, Mutex};
 use rand::{seq::index::sample, SeedableRng};
 
-use crate::actors::policy::{call, Generate};
+use crate::actors::bank::RecordBatch;
+use crate::actors::host::{HostLinks, KernelHost};
+use crate::actors::policy::{call, Generate, PolicyVersion};
+use crate::actors::reward::FinaliseRewards;
 use crate::backend::SamplingParams;
 use crate::error::{Error, Result};
 use crate::rollout::prompt::PromptBuilder;
 use crate::rollout::{demonstrations, mix, play, Demonstration, EpisodeSpec, PlayParams, Rollouts};
 
-/// Settings the rollout actor needs from the pipeline config.
+/// Settings the rollout actor needs from the pipeline config (built by
+/// `RolloutSettings::from_config` in `config.rs`, so this module does not import the config).
 #[derive(Clone, Debug)]
 pub struct RolloutSettings {
     pub seed: u64,
@@ -30,27 +42,18 @@ pub struct RolloutSettings {
     pub max_turns: u32,
 }
 
-impl RolloutSettings {
-    /// The settings of a pipeline config's `[run]` and `[rollout]`.
-    pub fn from_config(config: &crate::config::PipelineConfig) -> Self {
-        let r = &config.rollout;
-        RolloutSettings {
-            seed: config.run.seed,
-            tasks_per_step: r.tasks_per_step,
-            group_size: r.group_size,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            max_new_tokens: r.max_new_tokens,
-            max_turns: r.max_turns,
-        }
-    }
-}
-
 pub struct RolloutActor {
     pub env: Arc<dyn Environment>,
     pub builder: Arc<dyn PromptBuilder>,
     pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
     pub policy: Recipient<Generate>,
+    /// The services plugins reach from `plan_group` and `next_context`.
+    pub links: HostLinks,
+    /// Whether the algorithm asked for the per-turn context hook.
+    pub turn_context: bool,
+    /// Where a step's rollouts go next: the reward actor, then the bank.
+    pub reward: Recipient<FinaliseRewards>,
+    pub record: Recipient<RecordBatch>,
     pub settings: RolloutSettings,
     /// Task counts and turn limit reported by the environment.
     pub train_tasks: u64,
@@ -71,7 +74,13 @@ impl RolloutActor {
         }
     }
 
-    fn play_specs(&self, specs: &[EpisodeSpec], temperature: f32, seed: u64) -> Result<Rollouts> {
+    fn play_specs(
+        &self,
+        specs: &[EpisodeSpec],
+        temperature: f32,
+        seed: u64,
+        step: Option<u64>,
+    ) -> Result<Rollouts> {
         let params = PlayParams {
             sampling: SamplingParams {
                 temperature,
@@ -81,9 +90,8 @@ impl RolloutActor {
                 seed,
             },
             max_turns: self.max_turns(),
-            policy_version: 0,
+            step: step.unwrap_or(0),
         };
-        let mut version = None;
         let policy = self.policy.clone();
         let mut generate = |prompts: &[Vec<u32>], p: &SamplingParams| {
             let out = call(
@@ -93,25 +101,86 @@ impl RolloutActor {
                     params: p.clone(),
                 },
             )??;
-            version.get_or_insert(out.policy_version);
-            Ok(out.generations)
+            Ok((out.generations, out.policy_version))
         };
-        let mut rollouts = play(
+        // Evaluations (no step) play the plain policy: no training-time context hook.
+        let links = &self.links;
+        let algorithm = &self.algorithm;
+        let mut hook = |request: &cairn_plugin_sdk::TurnContextRequest| {
+            let version = call(&links.version, PolicyVersion)?;
+            let host = KernelHost::new(links, request.step, version, &[]);
+            Ok(algorithm.lock().next_context(request, &host)?)
+        };
+        let hook: Option<&mut crate::rollout::TurnHook<'_>> = match step {
+            Some(_) if self.turn_context => Some(&mut hook),
+            _ => None,
+        };
+        play(
             self.env.as_ref(),
             self.builder.as_ref(),
             specs,
             &params,
             &mut generate,
-        )?;
-        let v = version.unwrap_or(0);
-        for row in &mut rollouts.rows {
-            row.policy_version = v;
-        }
-        Ok(rollouts)
+            hook,
+        )
     }
 
-    fn task_id(&self, task: TaskRef) -> Result<String> {
-        Ok(self.env.task(task)?.id)
+    /// Plays `groups` task groups of a step (see [`CollectGroups`]).
+    fn collect(&self, msg: &CollectGroups) -> Result<Rollouts> {
+        let s = &self.settings;
+        let step_seed = mix(mix(s.seed, msg.step), u64::from(msg.round));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(step_seed);
+        let n = self.train_tasks as usize;
+        if n == 0 {
+            return Err(Error::Other(
+                "the environment reports no training tasks".into(),
+            ));
+        }
+        let picks: Vec<usize> = if msg.groups <= n {
+            sample(&mut rng, n, msg.groups).into_vec()
+        } else {
+            (0..msg.groups).map(|i| i % n).collect()
+        };
+        // Bank entries a plugin writes while planning carry the version about to sample.
+        let version = call(&self.links.version, PolicyVersion)?;
+        let mut specs = Vec::with_capacity(msg.groups * s.group_size);
+        for (g, index) in picks.into_iter().enumerate() {
+            let task = TaskRef {
+                split: Split::Train,
+                index: index as u64,
+            };
+            let info = self.env.task(task)?;
+            let group_id = msg.first_group_id + g as u64;
+            let request = GroupRequest {
+                step: msg.step,
+                group_id,
+                task_id: info.id.clone(),
+                task_kind: info.kind,
+                task_description: info.goal,
+                group_size: s.group_size as u32,
+                seed: mix(step_seed, 0x9A7 + g as u64),
+            };
+            let host = KernelHost::new(&self.links, msg.step, version, &[]);
+            let variants = self.algorithm.lock().plan_group(&request, &host)?;
+            if variants.len() != s.group_size {
+                return Err(Error::Other(format!(
+                    "the algorithm planned {} slots for group {group_id} of size {}",
+                    variants.len(),
+                    s.group_size
+                )));
+            }
+            for (slot, variant) in variants.into_iter().enumerate() {
+                specs.push(EpisodeSpec {
+                    group_id,
+                    trajectory_id: group_id * s.group_size as u64 + slot as u64,
+                    task,
+                    task_id: info.id.clone(),
+                    seed: mix(step_seed, (g * s.group_size + slot) as u64),
+                    variant,
+                });
+            }
+        }
+        self.play_specs(&specs, s.temperature, step_seed, Some(msg.step))
     }
 }
 
@@ -130,46 +199,212 @@ pub struct CollectGroups {
 impl Handler<CollectGroups> for RolloutActor {
     type Result = Result<Rollouts>;
     fn handle(&mut self, msg: CollectGroups, _: &mut Self::Context) -> Self::Result {
-        let s = &self.settings;
-        let step_seed = mix(mix(s.seed, msg.step), u64::from(msg.round));
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(step_seed);
-        let n = self.train_tasks as usize;
-        if n == 0 {
-            return Err(Error::Other(
-                "the environment reports no training tasks".into(),
-            ));
+        self.collect(&msg)
+    }
+}
+
+/// A step's rollouts after the reward actor and the bank: what the optimizer trains on.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub step: u64,
+    /// Rows with final rewards.
+    pub batch: Batch,
+    /// Trajectories cut by an environment error.
+    pub aborted: usize,
+    /// Trajectories whose reward could not be placed on any policy token.
+    pub unplaceable: usize,
+    /// Response tokens sampled.
+    pub sampled_tokens: usize,
+    /// Wall time of playing the episodes, seconds.
+    pub rollout_secs: f64,
+    /// Resample rounds this batch went through (0: the first collection only).
+    pub rounds: u32,
+}
+
+impl Collected {
+    /// Appends another round's rows to this step's batch.
+    pub fn extend(&mut self, more: Collected) {
+        self.batch.rows.extend(more.batch.rows);
+        self.aborted += more.aborted;
+        self.unplaceable += more.unplaceable;
+        self.sampled_tokens += more.sampled_tokens;
+        self.rollout_secs += more.rollout_secs;
+    }
+}
+
+/// Rollout → reward → bank for one collection: plays (through `source`, the rollout actor or
+/// the gateway), has the reward actor finalise the rows and the bank record them. Blocks the
+/// calling thread, so only for `SyncArbiter` threads.
+pub fn collect_chain(
+    source: &Recipient<CollectGroups>,
+    reward: &Recipient<FinaliseRewards>,
+    record: &Recipient<RecordBatch>,
+    msg: CollectGroups,
+) -> Result<Collected> {
+    let step = msg.step;
+    let started = Instant::now();
+    let rollouts = call(source, msg)??;
+    let rollout_secs = started.elapsed().as_secs_f64();
+    finish_chain(reward, record, step, rollouts, rollout_secs)
+}
+
+fn finish_chain(
+    reward: &Recipient<FinaliseRewards>,
+    record: &Recipient<RecordBatch>,
+    step: u64,
+    rollouts: Rollouts,
+    rollout_secs: f64,
+) -> Result<Collected> {
+    let finalised = call(
+        reward,
+        FinaliseRewards {
+            step,
+            rows: rollouts.rows,
+        },
+    )?;
+    call(
+        record,
+        RecordBatch {
+            batch: finalised.batch.clone(),
+        },
+    )??;
+    Ok(Collected {
+        step,
+        batch: finalised.batch,
+        aborted: rollouts.aborted.len(),
+        unplaceable: finalised.unplaceable,
+        sampled_tokens: rollouts.sampled_tokens,
+        rollout_secs,
+        rounds: 0,
+    })
+}
+
+/// Bounds how far rollouts run ahead of the optimizer: the producer may start step `s` once
+/// `s ≤ trained + lag`, where `trained` counts the RL steps whose update is done. `lag = 0` is
+/// synchronous training (step `s` is sampled by the weights after update `s − 1`).
+#[derive(Debug)]
+pub struct StalenessGate {
+    lag: u64,
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+struct GateState {
+    trained: u64,
+    closed: bool,
+}
+
+impl StalenessGate {
+    /// A gate at `trained` finished steps.
+    pub fn new(lag: u64, trained: u64) -> Self {
+        StalenessGate {
+            lag,
+            state: Mutex::new(GateState {
+                trained,
+                closed: false,
+            }),
+            changed: Condvar::new(),
         }
-        let picks: Vec<usize> = if msg.groups <= n {
-            sample(&mut rng, n, msg.groups).into_vec()
-        } else {
-            (0..msg.groups).map(|i| i % n).collect()
-        };
-        let mut specs = Vec::with_capacity(msg.groups * s.group_size);
-        for (g, index) in picks.into_iter().enumerate() {
-            let task = TaskRef {
-                split: Split::Train,
-                index: index as u64,
-            };
-            let task_id = self.task_id(task)?;
-            let group_id = msg.first_group_id + g as u64;
-            let variants = self.algorithm.lock().plan_group(&GroupRequest {
-                step: msg.step,
-                group_id,
-                task_id: task_id.clone(),
-                group_size: s.group_size as u32,
-            })?;
-            for (slot, variant) in variants.into_iter().enumerate() {
-                specs.push(EpisodeSpec {
-                    group_id,
-                    trajectory_id: group_id * s.group_size as u64 + slot as u64,
-                    task,
-                    task_id: task_id.clone(),
-                    seed: mix(step_seed, (g * s.group_size + slot) as u64),
-                    variant,
+    }
+
+    pub fn lag(&self) -> u64 {
+        self.lag
+    }
+
+    /// Blocks until step `step` may be rolled out; `false` when the gate was closed.
+    pub fn wait_for(&self, step: u64) -> bool {
+        let mut s = self.state.lock();
+        while !s.closed && step > s.trained + self.lag {
+            self.changed.wait(&mut s);
+        }
+        !s.closed
+    }
+
+    /// The update of RL step `trained − 1` is done.
+    pub fn advance(&self, trained: u64) {
+        let mut s = self.state.lock();
+        s.trained = s.trained.max(trained);
+        self.changed.notify_all();
+    }
+
+    /// Whether [`StalenessGate::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Stops the producer (the run ended or failed).
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Produce the RL steps `steps` onto `queue`, one [`Collected`] per step, never more than
+/// `gate.lag()` steps ahead of the optimizer. Returns when every step was produced, the gate
+/// was closed or the queue's receiver is gone; an error is also sent on the queue, so the
+/// optimizer reports it with its step.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct RunRollouts {
+    pub steps: std::ops::Range<u64>,
+    pub gate: Arc<StalenessGate>,
+    /// Group ids are drawn from this counter (shared with the optimizer's resample rounds).
+    pub next_group_id: Arc<AtomicU64>,
+    pub queue: crossbeam::channel::Sender<Result<Collected>>,
+}
+
+impl Handler<RunRollouts> for RolloutActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: RunRollouts, _: &mut Self::Context) -> Self::Result {
+        let groups = self.settings.tasks_per_step;
+        for step in msg.steps {
+            if !msg.gate.wait_for(step) {
+                return Ok(());
+            }
+            let first_group_id = msg.next_group_id.fetch_add(groups as u64, Ordering::SeqCst);
+            let started = Instant::now();
+            let collected = self
+                .collect(&CollectGroups {
+                    step,
+                    round: 0,
+                    groups,
+                    first_group_id,
+                })
+                .and_then(|rollouts| {
+                    finish_chain(
+                        &self.reward,
+                        &self.record,
+                        step,
+                        rollouts,
+                        started.elapsed().as_secs_f64(),
+                    )
                 });
+            let failed = collected.is_err();
+            // A full queue waits for the optimizer, but not past the end of the run: the
+            // trainer closes the gate when it stops, whatever the reason.
+            let mut item = collected;
+            loop {
+                match msg
+                    .queue
+                    .send_timeout(item, std::time::Duration::from_millis(100))
+                {
+                    Ok(()) => break,
+                    Err(crossbeam::channel::SendTimeoutError::Timeout(back)) => {
+                        if msg.gate.is_closed() {
+                            return Ok(());
+                        }
+                        item = back;
+                    }
+                    Err(crossbeam::channel::SendTimeoutError::Disconnected(_)) => return Ok(()),
+                }
+            }
+            if failed {
+                // The optimizer has the error to report.
+                return Ok(());
             }
         }
-        self.play_specs(&specs, s.temperature, step_seed)
+        Ok(())
     }
 }
 
@@ -229,7 +464,7 @@ impl Handler<Evaluate> for RolloutActor {
                 variant: Default::default(),
             });
         }
-        let rollouts = self.play_specs(&specs, msg.temperature, msg.seed)?;
+        let rollouts = self.play_specs(&specs, msg.temperature, msg.seed, None)?;
         let mut per_kind: Vec<(String, usize, usize)> = Vec::new();
         let mut successes = 0;
         let mut turns = 0u64;

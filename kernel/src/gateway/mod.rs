@@ -1,6 +1,6 @@
 //! The gateway: an OpenAI-compatible front for the policy, so an agent harness that owns its
 //! loop (tools, context, control flow) can be trained by pointing its `base_url` at Cairn
-//! (architecture.md, "Harness-owned loop"; algorithms.md §13).
+//! (Agent Lightning's design, arXiv 2508.03680; docs/gateway.md).
 //!
 //! This module is the HTTP-free part; the host's `serve` module maps routes onto
 //! [`Gateway`]'s methods:
@@ -41,9 +41,9 @@ use serde_json::{json, Value as Json};
 pub use api_error::{ApiError, ApiErrorKind};
 pub use request::{Job, RequestSettings, Route};
 pub use response::Output;
-pub use sampler::{PauseSampling, ResumeSampling, Sample, Sampler};
+pub use sampler::{PauseSampling, ResumeSampling, Sample, Sampler, StopSampling};
 pub use segment::{SampledChoice, Segment};
-pub use source::EpisodeSource;
+pub use source::{EpisodeSource, StopCollecting};
 pub use store::{CallRecord, EpisodeSettings, EpisodeStore};
 
 use crate::text::ChatFormat;
@@ -90,6 +90,11 @@ pub struct GatewayConfig {
     pub model_name: String,
     #[serde(default)]
     pub rows: RowMode,
+    /// The harness sends an anchor-state key (`cairn.anchor` or `X-Cairn-Anchor`) on every
+    /// call, so algorithms that need anchor keys (GiGPO step groups) may train on its
+    /// episodes. Off by default: the gateway then refuses such algorithms at load.
+    #[serde(default)]
+    pub anchors: bool,
     /// An open episode idle this long (seconds) is failed.
     #[serde(default = "default_episode_timeout_s")]
     pub episode_timeout_s: f64,
@@ -138,6 +143,7 @@ impl Default for GatewayConfig {
             bind: default_bind(),
             model_name: default_model_name(),
             rows: RowMode::default(),
+            anchors: false,
             episode_timeout_s: default_episode_timeout_s(),
             missing_reward: MissingRewardRule::default(),
             fill_reward: 0.0,
@@ -192,17 +198,30 @@ impl GatewayConfig {
 }
 
 /// The environment stand-in of a gateway pipeline: the harness plays the episodes, so it has
-/// no tasks of its own (no held-out evaluation, no expert). It reports what a harness may
-/// send: anchor keys and rewards.
+/// no tasks of its own (no held-out evaluation, no expert). It reports only what a harness
+/// really provides: an episode reward per episode (`POST /episodes/{id}/reward`), and anchor
+/// keys when `[source] anchors = true` says the harness sends one on every call. No per-turn
+/// rewards, no feedback, and no tools Cairn could turn off (the harness owns its tool list and
+/// Cairn plans no slots), so algorithms needing those are refused at load.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct HarnessEnvironment;
+pub struct HarnessEnvironment {
+    /// The harness sends an anchor key on every call ([`GatewayConfig::anchors`]).
+    pub anchor_keys: bool,
+}
+
+impl HarnessEnvironment {
+    /// The stand-in for a gateway source with these settings.
+    pub fn new(config: &GatewayConfig) -> Self {
+        HarnessEnvironment {
+            anchor_keys: config.anchors,
+        }
+    }
+}
 
 impl Environment for HarnessEnvironment {
     fn info(&self) -> EnvironmentInfo {
         EnvironmentInfo {
-            anchor_keys: true,
-            step_rewards: true,
-            tools: true,
+            anchor_keys: self.anchor_keys,
             ..EnvironmentInfo::default()
         }
     }
@@ -356,12 +375,8 @@ impl Gateway {
                 seeded: job.seeded,
             })
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    ApiErrorKind::Unavailable,
-                    format!("the sampler is gone: {e}"),
-                )
-            })??;
+            // The sampler stops only on shutdown (`StopSampling`).
+            .map_err(|_| sampler::shutting_down())??;
         inner
             .version
             .fetch_max(sampled.policy_version, Ordering::Relaxed);

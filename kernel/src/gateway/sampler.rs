@@ -13,6 +13,11 @@
 //! batches in flight are done (drained); requests arriving meanwhile wait in the queue.
 //! [`ResumeSampling`] launches them. Every answer carries the policy version that sampled it:
 //! each `Generate` runs on one version, since the policy actor handles one message at a time.
+//!
+//! **Shutdown.** [`StopSampling`] answers every queued request, and every later one, with a
+//! 503 ([`shutting_down`]), lets the batches in flight finish and be answered, then stops the
+//! actor and resolves. Afterwards nothing of the gateway's reaches the policy actor, so the
+//! host can let its thread (and libtorch) go without a generation running under it.
 
 use std::time::Duration;
 
@@ -52,6 +57,23 @@ pub struct PauseSampling;
 #[rtype(result = "()")]
 pub struct ResumeSampling;
 
+/// Refuse the queued and all later requests, wait for the batches in flight, stop. Resolves
+/// once no `Generate` of the sampler's is running.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopSampling;
+
+/// The 503 of a request that comes (or waits) while the gateway shuts down.
+pub fn shutting_down() -> ApiError {
+    ApiError::new(
+        ApiErrorKind::Unavailable,
+        "the gateway is shutting down (the training run finished its last step, or the server \
+         is stopping), so this request was not sampled; send it to a running `cairn serve` or \
+         `cairn train`",
+    )
+    .with_code("shutting_down")
+}
+
 struct Pending {
     request: Sample,
     reply: oneshot::Sender<Result<Sampled, ApiError>>,
@@ -66,6 +88,8 @@ pub struct Sampler {
     queue: Vec<Pending>,
     scheduled: bool,
     paused: bool,
+    /// [`StopSampling`] came: refuse everything, stop once `in_flight` is 0.
+    stopping: bool,
     in_flight: usize,
     drained: Vec<oneshot::Sender<()>>,
     batches: u64,
@@ -88,6 +112,7 @@ impl Sampler {
             queue: Vec::new(),
             scheduled: false,
             paused: false,
+            stopping: false,
             in_flight: 0,
             drained: Vec::new(),
             batches: 0,
@@ -95,7 +120,12 @@ impl Sampler {
     }
 
     fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.paused || self.scheduled || self.queue.is_empty() || self.in_flight > 0 {
+        if self.paused
+            || self.stopping
+            || self.scheduled
+            || self.queue.is_empty()
+            || self.in_flight > 0
+        {
             return;
         }
         self.scheduled = true;
@@ -107,7 +137,7 @@ impl Sampler {
 
     /// Launches every queued request, grouped into batches.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.paused || self.in_flight > 0 {
+        if self.paused || self.stopping || self.in_flight > 0 {
             return;
         }
         let mut groups: Vec<Vec<Pending>> = Vec::new();
@@ -164,7 +194,11 @@ impl Sampler {
                 for w in act.drained.drain(..) {
                     let _ = w.send(());
                 }
-                act.flush(ctx);
+                if act.stopping {
+                    ctx.stop();
+                } else {
+                    act.flush(ctx);
+                }
             }
         }));
     }
@@ -188,8 +222,12 @@ fn distribute(
             for p in group {
                 let _ = p.reply.send(Err(ApiError::new(
                     ApiErrorKind::Unavailable,
-                    format!("the policy actor is gone: {e}"),
-                )));
+                    format!(
+                        "the policy actor is gone ({e}): the gateway is shutting down; send \
+                         the request to a running `cairn serve` or `cairn train`"
+                    ),
+                )
+                .with_code("shutting_down")));
             }
             return;
         }
@@ -232,19 +270,16 @@ impl Handler<Sample> for Sampler {
 
     fn handle(&mut self, request: Sample, ctx: &mut Context<Self>) -> Self::Result {
         let (reply, answer) = oneshot::channel();
+        if self.stopping {
+            return Box::pin(async { Err(shutting_down()) });
+        }
         if request.prompts.is_empty() {
             return Box::pin(async { Ok(Sampled::default()) });
         }
         self.queue.push(Pending { request, reply });
         self.schedule(ctx);
-        Box::pin(async move {
-            answer.await.unwrap_or_else(|_| {
-                Err(ApiError::new(
-                    ApiErrorKind::Unavailable,
-                    "the sampler stopped",
-                ))
-            })
-        })
+        // A dropped reply means the actor stopped with the request still queued.
+        Box::pin(async move { answer.await.unwrap_or_else(|_| Err(shutting_down())) })
     }
 }
 
@@ -274,6 +309,29 @@ impl Handler<ResumeSampling> for Sampler {
     }
 }
 
+impl Handler<StopSampling> for Sampler {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: StopSampling, ctx: &mut Context<Self>) -> Self::Result {
+        self.stopping = true;
+        let refused = self.queue.len();
+        for p in self.queue.drain(..) {
+            let _ = p.reply.send(Err(shutting_down()));
+        }
+        tracing::debug!(refused, in_flight = self.in_flight, "sampler stopping");
+        let (tx, rx) = oneshot::channel();
+        if self.in_flight == 0 {
+            let _ = tx.send(());
+            ctx.stop();
+        } else {
+            self.drained.push(tx);
+        }
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +355,7 @@ mod tests {
                 PolicyActor::new(Box::new(NullBackend {
                     version: 4,
                     response: vec![5, 6, 7],
+                    ..Default::default()
                 }))
             });
             let sampler = Sampler::new(policy.recipient(), Duration::from_millis(5), 8, 1).start();
@@ -336,6 +395,77 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!(again.generations[0].ids, vec![5, 6]);
+        });
+    }
+
+    /// A policy whose `Generate` takes `nap`: batches stay in flight long enough to watch.
+    struct SlowPolicy {
+        nap: Duration,
+    }
+
+    impl Actor for SlowPolicy {
+        type Context = SyncContext<Self>;
+    }
+
+    impl Handler<Generate> for SlowPolicy {
+        type Result = crate::Result<crate::actors::policy::Generated>;
+        fn handle(&mut self, msg: Generate, _: &mut SyncContext<Self>) -> Self::Result {
+            std::thread::sleep(self.nap);
+            Ok(crate::actors::policy::Generated {
+                generations: msg
+                    .prompts
+                    .iter()
+                    .map(|_| Generation {
+                        ids: vec![9],
+                        logprobs: vec![-1.0],
+                        finish_reason: cairn_plugin_sdk::FinishReason::Length,
+                    })
+                    .collect(),
+                policy_version: 2,
+            })
+        }
+    }
+
+    /// Stopping answers the batch in flight, refuses the queued request and every later one
+    /// with a 503 `shutting_down`, and resolves only once the batch in flight is done.
+    #[test]
+    fn stop_answers_the_batch_in_flight_and_refuses_the_rest() {
+        actix::System::new().block_on(async {
+            let policy = SyncArbiter::start(1, || SlowPolicy {
+                nap: Duration::from_millis(300),
+            });
+            let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 8, 1).start();
+            let request = || Sample {
+                prompts: vec![vec![1]],
+                params: params(1),
+                seeded: true,
+            };
+            let in_flight = sampler.send(request());
+            actix::clock::sleep(Duration::from_millis(100)).await;
+            let queued = sampler.send(request());
+            actix::clock::sleep(Duration::from_millis(20)).await;
+            let started = std::time::Instant::now();
+            let stop = sampler.send(StopSampling);
+            let refused = sampler.send(request());
+            let (in_flight, queued, stop, refused) =
+                futures::join!(in_flight, queued, stop, refused);
+            stop.unwrap();
+            assert!(
+                started.elapsed() >= Duration::from_millis(100),
+                "stop waited for the batch in flight"
+            );
+            let answered = in_flight.unwrap().unwrap();
+            assert_eq!(answered.generations[0].ids, vec![9]);
+            for refused in [queued.unwrap(), refused.unwrap()] {
+                let e = refused.unwrap_err();
+                assert_eq!(
+                    (e.status(), e.code.as_deref()),
+                    (503, Some("shutting_down"))
+                );
+                assert!(e.message.contains("shutting down"), "{}", e.message);
+            }
+            // The sampler has stopped: a later request never reaches the policy.
+            assert!(sampler.send(request()).await.is_err());
         });
     }
 }

@@ -1,5 +1,5 @@
 //! Segments: the row sequences a gateway episode's calls merge into (Agent Lightning's
-//! trajectory mode, algorithms.md §13).
+//! trajectory mode, github microsoft/agent-lightning; docs/gateway.md).
 //!
 //! A [`Segment`] starts from one call's rendered prompt ids and one sampled choice. A later call
 //! *extends* it when its prompt ids start with the segment's prompt + response ids: the ids in

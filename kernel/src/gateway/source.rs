@@ -8,6 +8,10 @@
 //! (complete groups first, then partial ones) as soon as anything is. Timed-out episodes are
 //! swept while it waits. Runs on an async arbiter; the store is shared with the HTTP side
 //! behind a mutex held only for short, non-blocking calls.
+//!
+//! The wait runs inside the actor's context, so [`StopCollecting`] (the host's shutdown) ends
+//! it: the actor stops, and a step still waiting gets a mailbox error instead of a loop that
+//! polls the store until the process exits.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,14 +42,28 @@ impl Actor for EpisodeSource {
     type Context = Context<Self>;
 }
 
+/// Stop the source: a pending [`CollectGroups`] is dropped with it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopCollecting;
+
+impl Handler<StopCollecting> for EpisodeSource {
+    type Result = ();
+
+    fn handle(&mut self, _: StopCollecting, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
 impl Handler<CollectGroups> for EpisodeSource {
-    type Result = ResponseFuture<Result<Rollouts>>;
+    type Result = ResponseActFuture<Self, Result<Rollouts>>;
 
     fn handle(&mut self, msg: CollectGroups, _: &mut Context<Self>) -> Self::Result {
         let store = self.store.clone();
         let group_size = self.group_size;
         let step_timeout = self.step_timeout;
-        Box::pin(async move {
+        // Inside the actor's context, so stopping the actor ends the wait.
+        let wait = async move {
             let started = Instant::now();
             let mut noted = started;
             loop {
@@ -73,7 +91,8 @@ impl Handler<CollectGroups> for EpisodeSource {
                 }
                 actix::clock::sleep(POLL).await;
             }
-        })
+        };
+        Box::pin(wait.into_actor(self))
     }
 }
 
@@ -95,4 +114,43 @@ fn rollouts(collected: super::store::Collected) -> Rollouts {
         out.rows.extend(e.rows);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::{EpisodeSettings, MissingReward, RowMode};
+
+    /// A step still waiting for episodes when the source stops gets an error at once; the
+    /// wait does not go on polling the store without anyone to answer.
+    #[test]
+    fn stopping_ends_a_pending_collect() {
+        actix::System::new().block_on(async {
+            let store = EpisodeStore::new(EpisodeSettings {
+                timeout: Duration::from_secs(60),
+                missing_reward: MissingReward::Drop,
+                rows: RowMode::Merged,
+                keep_finished: 4,
+                max_ready: 4,
+            });
+            let source = EpisodeSource {
+                store: Arc::new(Mutex::new(store)),
+                group_size: 2,
+                step_timeout: None,
+            }
+            .start();
+            let pending = source.send(CollectGroups {
+                step: 1,
+                round: 0,
+                groups: 1,
+                first_group_id: 0,
+            });
+            actix::clock::sleep(POLL * 3).await;
+            source.send(StopCollecting).await.unwrap();
+            let answer = actix::clock::timeout(Duration::from_secs(5), pending)
+                .await
+                .expect("the pending collect is answered once the source stops");
+            assert!(answer.is_err(), "no episodes, so no rollouts");
+        });
+    }
 }

@@ -627,6 +627,7 @@ fn build_rows(episode: &Episode, mode: RowMode, reward: f32, success: bool) -> V
                 feedback: 0,
                 tool_calls: s.tool_calls,
                 info,
+                ..TurnRow::default()
             }
         })
         .collect()

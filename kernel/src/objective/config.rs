@@ -1,6 +1,7 @@
-//! [`ObjectiveConfig`]: clip range, KL estimator and placement, entropy bonus, aggregation.
+//! [`ObjectiveConfig`]: clip range, KL estimator and placement, entropy bonus, aggregation,
+//! off-policy correction.
 //!
-//! Defaults are the verl-agent ones (algorithms.md §1b) except `kl_coef`, which defaults to 0
+//! Defaults are the verl-agent ones (docs/algorithms/grpo.md) except `kl_coef`, which defaults to 0
 //! here (verl-agent trains with `use_kl_loss = true`, `kl_loss_coef = 0.01`, `low_var_kl`; set
 //! `kl_coef = 0.01` to match it). Every key is checked by [`ObjectiveConfig::validate`], whose
 //! errors name the key and say what to do.
@@ -39,7 +40,8 @@ pub enum KlMode {
     Reward,
 }
 
-/// How per-token values `X[row][l]` with mask `m` are reduced to a scalar (algorithms.md §1a).
+/// How per-token values `X[row][l]` with mask `m` are reduced to a scalar (verl `agg_loss`;
+/// docs/algorithms/objective.md#aggregation).
 ///
 /// Every mode is a fixed weighted sum `Σ_r w_r Σ_l m X`, with `w_r` computed once over the
 /// whole optimizer step, so the loss does not depend on how the step is split into
@@ -56,12 +58,42 @@ pub enum Aggregation {
     /// `Σ_rows Σ_l X m / norm_constant` (Dr.GRPO): a constant normaliser, e.g. `G · L_max`, so
     /// the scale does not move with padding or batch composition.
     SeqMeanTokenSumNorm,
-    /// Agent Lightning's `per_rollout_mean` (algorithms.md §13): each token of rollout `k` has
+    /// Agent Lightning's `per_rollout_mean` (docs/algorithms/objective.md): each token of rollout `k` has
     /// weight `1 / (T_k · N_rows)`, `T_k` = masked tokens of all rows of the rollout, `N_rows` =
     /// rows in the step. Every rollout gets the same total weight `1 / N_rows` however many
     /// rows or tokens it produced (the total is `N_rollouts / N_rows`, 1 when every rollout is
     /// one row).
     PerRollout,
+}
+
+/// How the PPO term corrects for rows sampled by an older policy than the one `ℓ_old` was
+/// computed with (asynchronous rollouts, `rollout.max_staleness > 0`), or by an inference path
+/// whose numerics differ from the trainer's. With `ℓ_behav` the row's sampled
+/// `response_logprobs` and `ℓ_old` the kernel's recomputation, per token
+/// `r = exp(ℓ_old − ℓ_behav)` and cap `C = is_cap`:
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffPolicy {
+    /// No correction: the surrogate's ratio is `π_θ / π_old` alone.
+    None,
+    /// Truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly
+    /// Brings You Off-Policy RL Training"): the token's surrogate is multiplied by
+    /// `min(r, C)`.
+    Tis,
+    /// AReaL's decoupled PPO (Fu et al. 2025, arXiv 2505.24298): the clip is around the
+    /// proximal policy `ℓ_old`, and the token's surrogate is multiplied by the behaviour
+    /// weight `r`, or dropped (weight 0) where `r > C`.
+    Decoupled,
+}
+
+impl OffPolicy {
+    /// The config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OffPolicy::None => "none",
+            OffPolicy::Tis => "tis",
+            OffPolicy::Decoupled => "decoupled",
+        }
+    }
 }
 
 impl Aggregation {
@@ -111,6 +143,11 @@ pub struct ObjectiveConfig {
     /// `ℓ − ℓ_old` is clamped to `[−log_ratio_clamp, log_ratio_clamp]` before `exp` (Agent
     /// Lightning / verl: 20), so one stale token cannot overflow the ratio. > 0.
     pub log_ratio_clamp: f64,
+    /// Off-policy correction of the PPO term for stale rows ([`OffPolicy`]). Default `none`.
+    pub off_policy: OffPolicy,
+    /// The cap `C ≥ 1` of the behaviour importance weight `exp(ℓ_old − ℓ_behav)` (`tis`:
+    /// truncated at C; `decoupled`: tokens above C dropped). Default 2.0.
+    pub is_cap: f64,
 }
 
 impl Default for ObjectiveConfig {
@@ -126,6 +163,8 @@ impl Default for ObjectiveConfig {
             aggregation: Aggregation::TokenMean,
             norm_constant: None,
             log_ratio_clamp: 20.0,
+            off_policy: OffPolicy::None,
+            is_cap: 2.0,
         }
     }
 }
@@ -187,6 +226,14 @@ impl ObjectiveConfig {
             format!(
                 "log_ratio_clamp = {}: must be a positive number (20 is usual)",
                 self.log_ratio_clamp
+            ),
+        )?;
+        check(
+            self.is_cap.is_finite() && self.is_cap >= 1.0,
+            format!(
+                "is_cap = {}: must be a number ≥ 1 (the cap of the behaviour importance weight \
+                 exp(ℓ_old − ℓ_behav); 2.0 is the default)",
+                self.is_cap
             ),
         )?;
         match (self.aggregation, self.norm_constant) {
@@ -286,6 +333,23 @@ impl Serialize for KlEstimator {
     }
 }
 
+impl<'de> Deserialize<'de> for OffPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use OffPolicy::*;
+        let choices: Vec<(&str, OffPolicy)> = [None, Tis, Decoupled]
+            .iter()
+            .map(|&m| (m.as_str(), m))
+            .collect();
+        choice(d, "off_policy", &choices)
+    }
+}
+
+impl Serialize for OffPolicy {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl<'de> Deserialize<'de> for KlMode {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         choice(
@@ -358,6 +422,7 @@ mod tests {
             (c.aggregation, c.entropy_coef, c.log_ratio_clamp),
             (Aggregation::TokenMean, 0.0, 20.0)
         );
+        assert_eq!((c.off_policy, c.is_cap), (OffPolicy::None, 2.0));
         assert!(!c.uses_reference() && !c.needs_entropy());
     }
 
@@ -396,6 +461,25 @@ mod tests {
         assert_eq!(
             (t.clip_high, t.dual_clip, t.aggregation),
             (0.28, None, Aggregation::SeqMeanTokenMean)
+        );
+        for (name, mode) in [
+            ("none", OffPolicy::None),
+            ("tis", OffPolicy::Tis),
+            ("decoupled", OffPolicy::Decoupled),
+        ] {
+            let c = parse(&format!(r#"{{"off_policy": "{name}", "is_cap": 3}}"#)).unwrap();
+            assert_eq!((c.off_policy, c.is_cap), (mode, 3.0));
+            let back: ObjectiveConfig =
+                serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+            assert_eq!(back, c);
+        }
+        // In TOML the error carries the line and column of the bad value.
+        let e = toml::from_str::<ObjectiveConfig>("clip_high = 0.28\noff_policy = \"async\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2") && e.contains("off_policy: unknown value \"async\""),
+            "{e}"
         );
     }
 
@@ -439,6 +523,15 @@ mod tests {
             &["only used by", "\"token-mean\""],
         );
         check_err(r#"{"clip_ratio": 0.2}"#, &["unknown field `clip_ratio`"]);
+        check_err(
+            r#"{"off_policy": "is"}"#,
+            &[
+                "off_policy: unknown value \"is\"",
+                "\"none\", \"tis\", \"decoupled\"",
+            ],
+        );
+        check_err(r#"{"is_cap": 0.5}"#, &["is_cap = 0.5", "≥ 1"]);
+        check_err(r#"{"is_cap_max": 2}"#, &["unknown field `is_cap_max`"]);
         check_err(r#"{"clip_low": -0.1}"#, &["objective config"]);
     }
 }

@@ -1,38 +1,44 @@
 //! [`RlLoss`]: the RL objective as a [`TokenLoss`], and its [`LossReport`].
 //!
 //! Per token `l` of row `r` with mask 1, weight `w_r` ([`row_weights`]), current log-prob `ℓ`,
-//! `ρ = exp(clamp(ℓ − ℓ_old, ±log_ratio_clamp))`:
+//! `ρ = exp(clamp(ℓ − ℓ_old, ±log_ratio_clamp))` and behaviour weight `u` (1 without an
+//! off-policy correction; see [`OffPolicy`]):
 //!
 //! | term | value | `∂/∂ℓ` | `∂/∂H` |
 //! |------|-------|--------|--------|
-//! | surrogate | `w · ℓ^pg(ρ, A)` | `w · (−A) · ρ` on the unclipped branch, 0 where a clip won or the log-ratio clamp is active | |
+//! | surrogate | `w · u · ℓ^pg(ρ, A)` | `w · u · (−A) · ρ` on the unclipped branch, 0 where a clip won or the log-ratio clamp is active | |
 //! | KL (loss mode) | `β · w · k(ℓ, ℓ_ref)` | `β · w · ∂k/∂ℓ` | |
 //! | entropy | `−c_H · w · H` | | `−c_H · w` |
 //! | aux term j | `coef_j · w · c_j · ℓ` | `coef_j · w · c_j` | |
+//! | teacher term j | `coef_j · W_j · x_l` on its active tokens ([`super::teacher`]) | sampled form: `coef_j · W_j · w_l (ℓ − ℓ^T)` | |
 //!
-//! All weights are fixed in [`RlLoss::new`] from the whole step, so splitting the step into
-//! micro-batches (ranges of rows, each passed once to [`TokenLoss::grads`]) changes neither the
-//! loss, nor the gradient, nor any metric. Masked slots are skipped before any arithmetic
-//! (select-then-reduce): a NaN there cannot reach a sum (OpenRLHF #1240).
+//! All weights are fixed when the loss is built, from the whole step, so splitting the step
+//! into micro-batches (ranges of rows, each passed once to [`TokenLoss::grads`]) changes
+//! neither the loss, nor the gradient, nor any metric. Masked slots are skipped before any
+//! arithmetic (select-then-reduce): a NaN there cannot reach a sum (OpenRLHF #1240).
 
 use std::ops::Range;
 
+use cairn_plugin_sdk::{Signals, TurnRow};
 use serde::Serialize;
 
-use super::config::{KlMode, ObjectiveConfig};
-use super::input::{row_weights, ObjectiveRow};
+use super::config::{KlMode, ObjectiveConfig, OffPolicy};
+use super::input::{aggregation_weights, row_weights, step_parts, ObjectiveRow, StepParts};
 use super::kl::kl_value_and_grad;
+use super::off_policy::behaviour_weight;
 use super::surrogate::{clipped_surrogate, ClipBranch, ClipRange};
+use super::teacher::{target_grads, StepTeacher, TeacherReport};
 use crate::error::{Error, Result};
-use crate::loss::{TokenGrads, TokenLoss};
+use crate::loss::{TeacherRequest, TokenGrads, TokenLoss, TokenScores};
 
 /// The loss components and training metrics of one optimizer step. Token means are over the
 /// step's mask-1 tokens; they are 0 when the step has no such token.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct LossReport {
-    /// The total loss: `pg_loss + kl_loss + entropy_loss + Σ aux_losses`.
+    /// The total loss: `pg_loss + kl_loss + entropy_loss + Σ aux_losses + Σ teacher losses`.
     pub loss: f64,
-    /// `agg(ℓ^pg)`, the clipped surrogate under the configured aggregation.
+    /// `agg(u · ℓ^pg)`, the clipped surrogate (behaviour-weighted with an off-policy
+    /// correction) under the configured aggregation.
     pub pg_loss: f64,
     /// `kl_coef · agg(k)` with `kl_mode = loss`; 0 with `kl_mode = reward` (the penalty is then
     /// in the rewards).
@@ -41,6 +47,8 @@ pub struct LossReport {
     pub entropy_loss: f64,
     /// `coef · agg(c · ℓ)` of each auxiliary term, by name, in the step's order.
     pub aux_losses: Vec<NamedValue>,
+    /// Each teacher term's loss, divergence and active tokens, in the step's order.
+    pub teacher: Vec<TeacherReport>,
     /// Token mean of the KL estimator `k(ℓ, ℓ_ref)` (the configured one, k3 clamped), whatever
     /// the aggregation and the KL mode; `None` when no reference log-probs were given.
     pub kl: Option<f64>,
@@ -60,10 +68,21 @@ pub struct LossReport {
     pub ratio_mean: f64,
     /// Largest `ρ` over the step's tokens.
     pub ratio_max: f64,
+    /// The behaviour weights, with `off_policy = tis | decoupled`; `None` without.
+    pub off_policy: Option<OffPolicyReport>,
     /// Mask-1 tokens in the step.
     pub tokens: usize,
     /// Rows of the step with at least one mask-1 token.
     pub rows: usize,
+}
+
+/// Statistics of the behaviour importance weights `u` of a step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OffPolicyReport {
+    /// Token mean of the applied `u` (after truncation or dropping).
+    pub is_weight_mean: f64,
+    /// Fraction of tokens whose raw weight `exp(ℓ_old − ℓ_behav)` exceeded `is_cap`.
+    pub capped_fraction: f64,
 }
 
 /// A named scalar.
@@ -87,11 +106,27 @@ impl LossReport {
                 .iter()
                 .map(|a| (format!("loss/aux/{}", a.name), a.value)),
         );
+        for t in &self.teacher {
+            out.extend([
+                (format!("teacher/{}/loss", t.name), t.loss),
+                (format!("teacher/{}/kl", t.name), t.kl),
+                (
+                    format!("teacher/{}/active_tokens", t.name),
+                    t.active_tokens as f64,
+                ),
+            ]);
+        }
         if let Some(kl) = self.kl {
             out.push(("actor/kl_ref".into(), kl));
         }
         if let Some(h) = self.entropy {
             out.push(("actor/entropy".into(), h));
+        }
+        if let Some(o) = &self.off_policy {
+            out.extend([
+                ("off_policy/is_weight_mean".to_string(), o.is_weight_mean),
+                ("off_policy/capped_fraction".to_string(), o.capped_fraction),
+            ]);
         }
         out.extend([
             ("actor/clip_fraction".to_string(), self.clip_fraction),
@@ -109,10 +144,20 @@ impl LossReport {
     }
 }
 
+/// Running sums of one teacher term.
+#[derive(Clone, Debug, Default)]
+struct TeacherSums {
+    /// Σ W·x.
+    weighted: f64,
+    /// Σ divergence (unweighted).
+    divergence: f64,
+    active_tokens: usize,
+}
+
 /// Running sums over the tokens processed so far.
 #[derive(Clone, Debug, Default)]
 struct Sums {
-    /// Σ w·ℓ^pg.
+    /// Σ w·u·ℓ^pg.
     pg: f64,
     /// Σ w·k (loss mode only).
     kl_weighted: f64,
@@ -120,6 +165,7 @@ struct Sums {
     entropy_weighted: f64,
     /// Σ w·c_j·ℓ per aux term.
     aux_weighted: Vec<f64>,
+    teacher: Vec<TeacherSums>,
     /// Σ k, Σ H, and the count of tokens with an entropy.
     kl: f64,
     entropy: f64,
@@ -128,12 +174,23 @@ struct Sums {
     approx_kl: f64,
     ratio: f64,
     ratio_max: f64,
+    /// Σ u and the count of tokens whose raw behaviour weight exceeded the cap.
+    is_weight: f64,
+    capped: usize,
     clipped: usize,
     dual_clipped: usize,
     tokens: usize,
 }
 
 impl Sums {
+    fn new(aux: usize, teacher: usize) -> Self {
+        Sums {
+            aux_weighted: vec![0.0; aux],
+            teacher: vec![TeacherSums::default(); teacher],
+            ..Sums::default()
+        }
+    }
+
     fn add(&mut self, o: &Sums) {
         self.pg += o.pg;
         self.kl_weighted += o.kl_weighted;
@@ -141,28 +198,50 @@ impl Sums {
         for (a, b) in self.aux_weighted.iter_mut().zip(&o.aux_weighted) {
             *a += b;
         }
+        for (a, b) in self.teacher.iter_mut().zip(&o.teacher) {
+            a.weighted += b.weighted;
+            a.divergence += b.divergence;
+            a.active_tokens += b.active_tokens;
+        }
         self.kl += o.kl;
         self.entropy += o.entropy;
         self.entropy_tokens += o.entropy_tokens;
         self.approx_kl += o.approx_kl;
         self.ratio += o.ratio;
         self.ratio_max = self.ratio_max.max(o.ratio_max);
+        self.is_weight += o.is_weight;
+        self.capped += o.capped;
         self.clipped += o.clipped;
         self.dual_clipped += o.dual_clipped;
         self.tokens += o.tokens;
     }
 }
 
+/// A teacher term with what the step fixed for it.
+#[derive(Clone, Debug)]
+struct TeacherState {
+    term: StepTeacher,
+    /// Per target: active mask `[L]` (mask 1 and weight > 0).
+    active: Vec<Vec<u8>>,
+    /// Per target: aggregation weight `W`, from the term's active tokens over the whole step.
+    weights: Vec<f64>,
+}
+
 /// The RL objective of one optimizer step (see the module docs). Build one per step (verl: per
-/// mini-batch), pass each row to [`TokenLoss::grads`] exactly once (in any micro-batch split),
-/// then read [`RlLoss::report`].
+/// mini-batch) with [`RlLoss::from_rows`], pass each row to [`TokenLoss::grads`] exactly once
+/// (in any micro-batch split), then read [`RlLoss::report`].
 #[derive(Clone, Debug)]
 pub struct RlLoss {
     config: ObjectiveConfig,
     clip: ClipRange,
     rows: Vec<ObjectiveRow>,
+    /// For each step row, the index errors name it by (its index in the rows given).
+    labels: Vec<usize>,
     /// `(name, coef)` of each auxiliary term.
     aux: Vec<(String, f64)>,
+    teacher: Vec<TeacherState>,
+    /// Per step row: `(term, target)` of each teacher target on it, in term order.
+    targets_by_row: Vec<Vec<(usize, usize)>>,
     /// Aggregation weight of each row, fixed for the step.
     weights: Vec<f64>,
     has_ref: bool,
@@ -177,18 +256,57 @@ fn input_error(message: String) -> Error {
 }
 
 impl RlLoss {
-    /// Validates the config and the step's rows (shapes, masks, finite values on mask-1
-    /// tokens, reference log-probs present when the KL is in the loss) and fixes the
-    /// aggregation weights. `rows` are the step's sequences in the order the backend indexes
-    /// them; `aux` is `(name, coef)` of each auxiliary term, matching every row's
-    /// [`ObjectiveRow::aux`] ([`super::StepInput::from_batch`] builds both from a batch).
-    pub fn new(
+    /// The objective of one optimizer step: the one builder, used by the optimizer and by
+    /// `cairn loss`.
+    ///
+    /// * `rows`: the batch's rows followed by `signals.extra_rows` ([`super::all_rows`]), the
+    ///   indexing of every per-token array of `signals`. Each row in `indices` carries
+    ///   `old_logprobs` (`ℓ_old`), `ref_logprobs` when `kl_coef > 0` with `kl_mode = loss`,
+    ///   and its sampled `response_logprobs` (`ℓ_behav`, read with an off-policy correction).
+    /// * `indices`: the rows of this step (a mini-batch), in the order of the sequences the
+    ///   backend trains ([`super::train_sequences`] builds them in this order).
+    ///
+    /// Validates the config and the rows (shapes, masks, finite values on mask-1 tokens,
+    /// teacher targets) and fixes every aggregation weight. Errors name the row by its index in
+    /// `rows`.
+    pub fn from_rows(
+        config: &ObjectiveConfig,
+        rows: &[&TurnRow],
+        signals: &Signals,
+        indices: &[usize],
+    ) -> Result<Self> {
+        config.validate()?;
+        RlLoss::build(config, step_parts(config, rows, signals, indices)?)
+    }
+
+    /// From already-built rows, without teacher terms (the unit tests' entry).
+    #[cfg(test)]
+    pub(crate) fn new(
         config: &ObjectiveConfig,
         rows: Vec<ObjectiveRow>,
         aux: Vec<(String, f32)>,
     ) -> Result<Self> {
+        let labels = (0..rows.len()).collect();
+        RlLoss::build(
+            config,
+            StepParts {
+                rows,
+                aux,
+                teacher: Vec::new(),
+                labels,
+            },
+        )
+    }
+
+    fn build(config: &ObjectiveConfig, parts: StepParts) -> Result<Self> {
         config.validate()?;
         let config = config.clone();
+        let StepParts {
+            rows,
+            aux,
+            teacher,
+            labels,
+        } = parts;
         for (name, coef) in &aux {
             if !coef.is_finite() {
                 return Err(input_error(format!(
@@ -202,9 +320,10 @@ impl RlLoss {
         if has_ref && with_ref < rows.len() {
             let missing = rows.iter().position(|r| r.ref_logp.is_none()).unwrap_or(0);
             return Err(input_error(format!(
-                "{with_ref} of {} rows carry reference log-probs but row {missing} does not; give \
+                "{with_ref} of {} rows carry reference log-probs but row {} does not; give \
                  them for every row or for none",
-                rows.len()
+                rows.len(),
+                labels[missing]
             )));
         }
         if !has_ref && !rows.is_empty() && config.kl_mode == KlMode::Loss && config.kl_coef > 0.0 {
@@ -213,25 +332,51 @@ impl RlLoss {
                 config.kl_coef
             )));
         }
+        let behav = config.off_policy != OffPolicy::None;
         for (r, row) in rows.iter().enumerate() {
-            check_row(r, row, aux.len())?;
+            check_row(labels[r], row, aux.len(), behav)?;
         }
         let weights = row_weights(&config, &rows);
+        let masks: Vec<&[u8]> = rows.iter().map(|r| r.mask.as_slice()).collect();
+        let mut targets_by_row = vec![Vec::new(); rows.len()];
+        let teacher = teacher
+            .into_iter()
+            .enumerate()
+            .map(|(j, term)| {
+                let active = term.active_masks(&masks)?;
+                let tokens: Vec<usize> = active
+                    .iter()
+                    .map(|a| a.iter().filter(|&&x| x == 1).count())
+                    .collect();
+                let rollouts: Vec<u64> = term
+                    .targets
+                    .iter()
+                    .map(|t| rows[t.row].rollout_id)
+                    .collect();
+                for (t, target) in term.targets.iter().enumerate() {
+                    targets_by_row[target.row].push((j, t));
+                }
+                Ok(TeacherState {
+                    weights: aggregation_weights(&config, &tokens, &rollouts),
+                    active,
+                    term,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let tokens: Vec<usize> = rows.iter().map(ObjectiveRow::tokens).collect();
-        let sums = Sums {
-            aux_weighted: vec![0.0; aux.len()],
-            ..Sums::default()
-        };
         Ok(RlLoss {
             clip: ClipRange::from(&config),
             config,
             done: vec![false; rows.len()],
             active_rows: tokens.iter().filter(|&&t| t > 0).count(),
+            sums: Sums::new(aux.len(), teacher.len()),
             rows,
+            labels,
             aux,
+            teacher,
+            targets_by_row,
             weights,
             has_ref,
-            sums,
         })
     }
 
@@ -246,8 +391,9 @@ impl RlLoss {
         match self.done.iter().position(|d| !d) {
             None => Ok(()),
             Some(r) => Err(Error::Other(format!(
-                "objective: row {r} of {} was never passed to grads this step; every row must be \
-                 in exactly one micro-batch",
+                "objective: row {} ({r} of the step's {}) was never passed to grads this step; \
+                 every row must be in exactly one micro-batch",
+                self.labels[r],
                 self.rows.len()
             ))),
         }
@@ -259,13 +405,8 @@ impl RlLoss {
     /// processed tokens.
     pub fn report(&self) -> LossReport {
         let s = &self.sums;
-        let per_token = |x: f64| {
-            if s.tokens == 0 {
-                0.0
-            } else {
-                x / s.tokens as f64
-            }
-        };
+        let mean = |x: f64, n: usize| if n == 0 { 0.0 } else { x / n as f64 };
+        let per_token = |x: f64| mean(x, s.tokens);
         let kl_loss = match self.config.kl_mode {
             KlMode::Loss => self.config.kl_coef * s.kl_weighted,
             KlMode::Reward => 0.0,
@@ -280,13 +421,29 @@ impl RlLoss {
                 value: coef * v,
             })
             .collect();
-        let loss = s.pg + kl_loss + entropy_loss + aux_losses.iter().map(|a| a.value).sum::<f64>();
+        let teacher: Vec<TeacherReport> = self
+            .teacher
+            .iter()
+            .zip(&s.teacher)
+            .map(|(t, sums)| TeacherReport {
+                name: t.term.name.clone(),
+                loss: t.term.coef * sums.weighted,
+                kl: mean(sums.divergence, sums.active_tokens),
+                active_tokens: sums.active_tokens,
+            })
+            .collect();
+        let loss = s.pg
+            + kl_loss
+            + entropy_loss
+            + aux_losses.iter().map(|a| a.value).sum::<f64>()
+            + teacher.iter().map(|t| t.loss).sum::<f64>();
         LossReport {
             loss,
             pg_loss: s.pg,
             kl_loss,
             entropy_loss,
             aux_losses,
+            teacher,
             kl: self.has_ref.then(|| per_token(s.kl)),
             entropy: (s.tokens > 0 && s.entropy_tokens == s.tokens).then(|| per_token(s.entropy)),
             clip_fraction: per_token(s.clipped as f64),
@@ -294,6 +451,10 @@ impl RlLoss {
             approx_kl_old_k3: per_token(s.approx_kl),
             ratio_mean: per_token(s.ratio),
             ratio_max: s.ratio_max,
+            off_policy: (self.config.off_policy != OffPolicy::None).then(|| OffPolicyReport {
+                is_weight_mean: per_token(s.is_weight),
+                capped_fraction: per_token(s.capped as f64),
+            }),
             tokens: s.tokens,
             rows: self.active_rows,
         }
@@ -308,12 +469,13 @@ impl RlLoss {
         sums: &mut Sums,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let row = &self.rows[r];
+        let label = self.labels[r];
         let len = row.mask.len();
         if logp.len() != len || entropy.is_some_and(|h| h.len() != len) {
             return Err(Error::Shape {
                 what: "objective grads",
                 detail: format!(
-                    "row {r}: the step has {len} response tokens but the backend passed {} \
+                    "row {label}: the step has {len} response tokens but the backend passed {} \
                      log-probs and {} entropies",
                     logp.len(),
                     entropy.map_or(0, <[f32]>::len)
@@ -328,17 +490,27 @@ impl RlLoss {
             let lp = f64::from(logp[l]);
             if !lp.is_finite() {
                 return Err(input_error(format!(
-                    "row {r}, token {l}: current log-prob is {lp} on a trainable token"
+                    "row {label}, token {l}: current log-prob is {lp} on a trainable token"
                 )));
             }
-            let raw = lp - f64::from(row.old_logp[l]);
+            let old = f64::from(row.old_logp[l]);
+            let raw = lp - old;
             let log_ratio = raw.clamp(-c, c);
             let ratio = log_ratio.exp();
             let s = clipped_surrogate(ratio, f64::from(row.advantages[l]), self.clip);
+            let u = match (&row.behav_logp, self.config.off_policy) {
+                (_, OffPolicy::None) | (None, _) => 1.0,
+                (Some(b), _) => {
+                    let (u, capped) = behaviour_weight(&self.config, old, f64::from(b[l]));
+                    sums.is_weight += u;
+                    sums.capped += usize::from(capped);
+                    u
+                }
+            };
             // dρ/dℓ = ρ, and 0 where the log-ratio clamp holds ρ constant.
             let dratio = if raw.abs() > c { 0.0 } else { ratio };
-            let mut grad = w * s.dloss_dratio * dratio;
-            sums.pg += w * s.loss;
+            let mut grad = w * u * s.dloss_dratio * dratio;
+            sums.pg += w * u * s.loss;
             match s.branch {
                 ClipBranch::Clipped => sums.clipped += 1,
                 ClipBranch::DualClipped => sums.dual_clipped += 1,
@@ -359,7 +531,7 @@ impl RlLoss {
                 let e = f64::from(ent[l]);
                 if !e.is_finite() {
                     return Err(input_error(format!(
-                        "row {r}, token {l}: entropy is {e} on a trainable token"
+                        "row {label}, token {l}: entropy is {e} on a trainable token"
                     )));
                 }
                 sums.entropy += e;
@@ -379,8 +551,9 @@ impl RlLoss {
     }
 }
 
-/// Shapes, mask values and finiteness of one input row.
-fn check_row(r: usize, row: &ObjectiveRow, aux_terms: usize) -> Result<()> {
+/// Shapes, mask values and finiteness of one input row (`label`: its index in the rows given).
+fn check_row(label: usize, row: &ObjectiveRow, aux_terms: usize, behav: bool) -> Result<()> {
+    let r = label;
     let len = row.mask.len();
     let mut vectors: Vec<(String, &[f32])> = vec![
         ("advantages".into(), &row.advantages),
@@ -388,6 +561,15 @@ fn check_row(r: usize, row: &ObjectiveRow, aux_terms: usize) -> Result<()> {
     ];
     if let Some(refs) = &row.ref_logp {
         vectors.push(("ref_logp".into(), refs));
+    }
+    match (&row.behav_logp, behav) {
+        (Some(b), _) => vectors.push(("response_logprobs (ℓ_behav)".into(), b)),
+        (None, true) => {
+            return Err(input_error(format!(
+                "row {r}: an off-policy correction needs the row's sampled response_logprobs"
+            )))
+        }
+        (None, false) => {}
     }
     if row.aux.len() != aux_terms {
         return Err(Error::Shape {
@@ -440,21 +622,22 @@ impl TokenLoss for RlLoss {
         self.config.needs_entropy()
     }
 
-    fn grads(
-        &mut self,
-        rows: Range<usize>,
-        logp: &[Vec<f32>],
-        entropy: &[Vec<f32>],
-    ) -> Result<TokenGrads> {
-        if rows.end > self.rows.len() || rows.start > rows.end {
-            return Err(Error::Shape {
-                what: "objective grads",
-                detail: format!(
-                    "micro-batch rows {rows:?} outside the step's {} rows",
-                    self.rows.len()
-                ),
-            });
-        }
+    /// One request per live target, and per fixed top-k target, on the micro-batch's rows: by
+    /// row, then in term order.
+    fn teacher_requests(&self, rows: Range<usize>) -> Result<Vec<TeacherRequest>> {
+        self.check_range(&rows)?;
+        Ok(rows
+            .flat_map(|r| &self.targets_by_row[r])
+            .filter_map(|&(j, t)| {
+                let state = &self.teacher[j];
+                state.term.request(&state.term.targets[t], &state.active[t])
+            })
+            .collect())
+    }
+
+    fn grads(&mut self, rows: Range<usize>, scores: &TokenScores<'_>) -> Result<TokenGrads> {
+        self.check_range(&rows)?;
+        let (logp, entropy) = (scores.logp, scores.entropy);
         let n = rows.len();
         if logp.len() != n || !(entropy.is_empty() || entropy.len() == n) {
             return Err(Error::Shape {
@@ -475,21 +658,55 @@ impl TokenLoss for RlLoss {
         }
         if let Some(r) = rows.clone().find(|&r| self.done[r]) {
             return Err(Error::Other(format!(
-                "objective: row {r} was already passed to grads this step; each row belongs to \
-                 exactly one micro-batch"
+                "objective: row {} was already passed to grads this step; each row belongs to \
+                 exactly one micro-batch",
+                self.labels[r]
             )));
         }
-        let mut sums = Sums {
-            aux_weighted: vec![0.0; self.aux.len()],
-            ..Sums::default()
-        };
+        let requests = self.teacher_requests(rows.clone())?.len();
+        if scores.teacher.len() != requests {
+            return Err(Error::Shape {
+                what: "objective grads",
+                detail: format!(
+                    "micro-batch rows {rows:?} need {requests} teacher scores but the backend \
+                     passed {}",
+                    scores.teacher.len()
+                ),
+            });
+        }
+        let mut sums = Sums::new(self.aux.len(), self.teacher.len());
         let mut out = TokenGrads {
             logp: Vec::with_capacity(n),
-            entropy: Vec::new(),
+            ..Default::default()
         };
+        let mut answers = scores.teacher.iter();
         for (k, r) in rows.clone().enumerate() {
             let ent = entropy.get(k).map(Vec::as_slice);
-            let (g, h) = self.row_grads(r, &logp[k], ent, &mut sums)?;
+            let (mut g, h) = self.row_grads(r, &logp[k], ent, &mut sums)?;
+            for &(j, t) in &self.targets_by_row[r] {
+                let state = &self.teacher[j];
+                let target = &state.term.targets[t];
+                let answer = match state.term.request(target, &state.active[t]) {
+                    Some(_) => answers.next(),
+                    None => None,
+                };
+                let outcome = target_grads(
+                    &state.term,
+                    target,
+                    &state.active[t],
+                    state.weights[t],
+                    &logp[k],
+                    answer,
+                    &mut g,
+                )?;
+                let s = &mut sums.teacher[j];
+                s.weighted += outcome.weighted;
+                s.divergence += outcome.divergence;
+                s.active_tokens += outcome.active_tokens;
+                if answer.is_some() {
+                    out.teacher.push(outcome.top_grads);
+                }
+            }
             out.logp.push(g);
             if self.needs_entropy() {
                 out.entropy.push(h);
@@ -503,6 +720,21 @@ impl TokenLoss for RlLoss {
     }
 }
 
+impl RlLoss {
+    fn check_range(&self, rows: &Range<usize>) -> Result<()> {
+        if rows.end > self.rows.len() || rows.start > rows.end {
+            return Err(Error::Shape {
+                what: "objective grads",
+                detail: format!(
+                    "micro-batch rows {rows:?} outside the step's {} rows",
+                    self.rows.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -510,7 +742,13 @@ mod tests {
 
     use super::*;
     use crate::objective::config::{Aggregation, KlEstimator};
-    use crate::objective::input::StepInput;
+
+    /// A step's rows and aux terms, as the tests build them by hand.
+    #[derive(Clone, Debug, Default)]
+    struct StepInput {
+        rows: Vec<ObjectiveRow>,
+        aux: Vec<(String, f32)>,
+    }
 
     /// The outputs of one step: report, `∂L/∂ℓ`, `∂L/∂H` (per row, concatenated over
     /// micro-batches).
@@ -532,7 +770,12 @@ mod tests {
             } else {
                 &entropy[mb.clone()]
             };
-            let out = loss.grads(mb.clone(), &logp[mb.clone()], ent)?;
+            let scores = TokenScores {
+                logp: &logp[mb.clone()],
+                entropy: ent,
+                teacher: &[],
+            };
+            let out = loss.grads(mb.clone(), &scores)?;
             g.extend(out.logp);
             h.extend(out.entropy);
         }
@@ -558,11 +801,7 @@ mod tests {
     }
 
     fn input(rows: Vec<ObjectiveRow>) -> StepInput {
-        StepInput {
-            batch_rows: (0..rows.len()).collect(),
-            rows,
-            aux: vec![],
-        }
+        StepInput { rows, aux: vec![] }
     }
 
     fn close(got: f64, want: f64, tol: f64, what: &str) {
@@ -646,24 +885,34 @@ mod tests {
             row(&[1, 1], &[1.0, 1.0], &[0.0, 0.0]),
         ]);
         let mut loss = new_loss(&cfg, &step).unwrap();
-        loss.grads(0..1, &[vec![0.0]], &[]).unwrap();
+        loss.grads(0..1, &TokenScores::logp(&[vec![0.0]])).unwrap();
         let e = loss.check_complete().unwrap_err().to_string();
-        assert!(e.contains("row 1 of 2 was never passed to grads"), "{e}");
+        assert!(
+            e.contains("row 1 (1 of the step's 2) was never passed to grads"),
+            "{e}"
+        );
         let e = loss
-            .grads(0..2, &[vec![0.0], vec![0.0, 0.0]], &[])
+            .grads(0..2, &TokenScores::logp(&[vec![0.0], vec![0.0, 0.0]]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("row 0 was already passed"), "{e}");
-        let e = loss.grads(1..2, &[vec![0.0]], &[]).unwrap_err().to_string();
+        let e = loss
+            .grads(1..2, &TokenScores::logp(&[vec![0.0]]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("row 1: the step has 2 response tokens but the backend passed 1"),
             "{e}"
         );
         // A failed call changes nothing: the row can still be processed.
-        loss.grads(1..2, &[vec![0.0, 0.0]], &[]).unwrap();
+        loss.grads(1..2, &TokenScores::logp(&[vec![0.0, 0.0]]))
+            .unwrap();
         loss.check_complete().unwrap();
         assert_eq!(loss.report().tokens, 3);
-        let e = loss.grads(2..3, &[vec![]], &[]).unwrap_err().to_string();
+        let e = loss
+            .grads(2..3, &TokenScores::logp(&[vec![]]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("outside the step's 2 rows"), "{e}");
 
         let kl = ObjectiveConfig {
@@ -685,7 +934,10 @@ mod tests {
         };
         let mut loss = new_loss(&ent, &step).unwrap();
         assert!(loss.needs_entropy());
-        let e = loss.grads(0..1, &[vec![0.0]], &[]).unwrap_err().to_string();
+        let e = loss
+            .grads(0..1, &TokenScores::logp(&[vec![0.0]]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs per-token entropies"), "{e}");
     }
 
@@ -899,7 +1151,7 @@ mod tests {
 
     #[test]
     fn entropy_and_aux_terms_edge_example_section_3e() {
-        // algorithms.md §3e: ℓ^S = [−0.5, −2.0, −0.1], ℓ^T = [−0.3, −0.8, −0.1], c = sg(ℓ^S − ℓ^T)
+        // The EDGE worked example (docs/algorithms/objective.md, "Teacher terms"): ℓ^S = [−0.5, −2.0, −0.1], ℓ^T = [−0.3, −0.8, −0.1], c = sg(ℓ^S − ℓ^T)
         // = [−0.2, −1.2, 0]; c·ℓ^S = [0.1, 2.4, 0], token-mean 0.8333, coefficients on ℓ^S are c
         // (per token, before the 1/3 of the token mean).
         let logp = vec![vec![-0.5f32, -2.0, -0.1]];
@@ -908,7 +1160,6 @@ mod tests {
         let step = StepInput {
             rows: vec![r],
             aux: vec![("edge".into(), 1.0)],
-            batch_rows: vec![0],
         };
         let config = ObjectiveConfig {
             entropy_coef: 0.01,
@@ -929,7 +1180,7 @@ mod tests {
 
     #[test]
     fn per_rollout_mass_section_13e() {
-        // algorithms.md §13e: rollouts r1 (rows of 5 and 3 tokens), r2 (4), r3 (2), r4 (6);
+        // Agent Lightning's per-rollout example (docs/algorithms/objective.md, "Aggregation"): rollouts r1 (rows of 5 and 3 tokens), r2 (4), r3 (2), r4 (6);
         // GRPO advantages ±0.8660; N_rows = 5. Each rollout's mass Σ_tokens w·A is ±0.1732.
         let a = (0.5 / (1.0f64 / 3.0).sqrt()) as f32;
         let spec = [
@@ -1020,6 +1271,18 @@ mod tests {
                 aux: (0..2)
                     .map(|_| mask.iter().map(|&m| pick(rng, m, -1.0, 1.0)).collect())
                     .collect(),
+                behav_logp: Some(
+                    old.iter()
+                        .zip(&mask)
+                        .map(|(&o, &m)| {
+                            if m == 1 {
+                                o + rng.gen_range(-1.0..1.0)
+                            } else {
+                                f32::NAN
+                            }
+                        })
+                        .collect(),
+                ),
                 old_logp: old,
                 mask: mask.clone(),
             });
@@ -1027,15 +1290,7 @@ mod tests {
             entropy.push(mask.iter().map(|&m| pick(rng, m, 0.0, 3.0)).collect());
         }
         let aux = vec![("a".into(), 0.3), ("b".into(), -0.7)];
-        (
-            StepInput {
-                batch_rows: (0..n).collect(),
-                rows,
-                aux,
-            },
-            logp,
-            entropy,
-        )
+        (StepInput { rows, aux }, logp, entropy)
     }
 
     /// Random contiguous split of `0..n` into micro-batches (empty ones included).
@@ -1070,7 +1325,10 @@ mod tests {
             let n = step.rows.len();
             let (aggregation, norm_constant) = modes[trial % modes.len()];
             let kl_estimator = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][trial % 3];
+            let off_policy = [OffPolicy::None, OffPolicy::Tis, OffPolicy::Decoupled][trial % 3];
             let config = ObjectiveConfig {
+                off_policy,
+                is_cap: 1.5,
                 aggregation,
                 norm_constant,
                 kl_estimator,

@@ -1,4 +1,5 @@
-//! The per-token PPO clipped surrogate with asymmetric and dual clipping (algorithms.md §1a),
+//! The per-token PPO clipped surrogate with asymmetric and dual clipping (verl
+//! `compute_policy_loss`; docs/algorithms/objective.md),
 //! its derivative, and which branch produced the value.
 
 use super::config::ObjectiveConfig;

@@ -3,21 +3,25 @@
 //!
 //! * [`run_signals`]: runs an [`Algorithm`] on a [`Batch`] with an [`OfflineHost`] and reports
 //!   the per-token advantages, auxiliary coefficients and metrics.
-//! * [`run_loss`]: evaluates the objective on a batch whose current log-probs are given
-//!   ([`LossToolInput`], documented in `docs/algorithms/loss-tool.md`), split into N
-//!   micro-batches, and reports the loss components, `∂loss/∂ℓ` per token and the metrics.
+//! * [`run_loss`]: evaluates the objective on a batch whose rows carry `ℓ_old` (and `ℓ_ref`)
+//!   and whose current log-probs are given ([`LossToolInput`], documented in
+//!   `docs/algorithms/loss-tool.md`), through the optimizer's own builder
+//!   ([`RlLoss::from_rows`]), split into N micro-batches, and reports the loss components,
+//!   `∂loss/∂ℓ` per token and the metrics.
 
 use std::ops::Range;
 
-use cairn_plugin_sdk::{Algorithm, Batch, OfflineHost, Signals};
+use cairn_plugin_sdk::{
+    Algorithm, Batch, OfflineHost, Signals, TeacherForm, TeacherSource, TurnRow,
+};
 use serde::{Deserialize, Serialize};
 
 use super::config::ObjectiveConfig;
-use super::input::{kept_rows, StepInput};
+use super::input::{all_rows, trained_rows};
 use super::metrics::batch_metrics;
 use super::rl_loss::{LossReport, RlLoss};
 use crate::error::{Error, Result};
-use crate::loss::TokenLoss;
+use crate::loss::{TokenLoss, TokenScores};
 
 /// `(name, value)` pairs as a JSON object, in order.
 fn metric_map(metrics: &[(String, f64)]) -> serde_json::Map<String, serde_json::Value> {
@@ -100,13 +104,15 @@ pub fn run_signals(algorithm: &mut dyn Algorithm, batch: &Batch) -> Result<Signa
     })
 }
 
-/// The loss tool's input (see `docs/algorithms/loss-tool.md`). Every per-token array is
-/// `[batch rows][L_r]`, one entry per response token of each row (values on mask-0 slots are
-/// ignored), covering all rows, dropped or not.
+/// The loss tool's input (see `docs/algorithms/loss-tool.md`). The rows carry `ℓ_old` and
+/// `ℓ_ref` themselves (`old_logprobs`, `ref_logprobs`); the per-token arrays here are the
+/// model's outputs, `[rows][L_r]` over the batch's rows followed by the signals' extra rows,
+/// one entry per response token (values on mask-0 slots are ignored), dropped rows included.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LossToolInput {
-    /// The batch, in its usual JSON form.
+    /// The batch, in its usual JSON form. A row without `old_logprobs` takes its
+    /// `response_logprobs` (the sampling log-probs) as `ℓ_old`.
     pub batch: Batch,
     /// The algorithm's signals (e.g. the `signals` of a [`SignalsReport`]). Exactly one of
     /// `signals` and `advantages` is given.
@@ -117,12 +123,6 @@ pub struct LossToolInput {
     pub advantages: Option<Vec<Vec<f32>>>,
     /// `ℓ_θ`: the current policy's log-probs of the response tokens, nats.
     pub current_logp: Vec<Vec<f32>>,
-    /// `ℓ_old`; defaults to the rows' `response_logprobs` (the sampling log-probs).
-    #[serde(default)]
-    pub old_logp: Option<Vec<Vec<f32>>>,
-    /// `ℓ_ref`; required when `kl_coef > 0` with `kl_mode = "loss"`.
-    #[serde(default)]
-    pub ref_logp: Option<Vec<Vec<f32>>>,
     /// Per-token entropies `H`, nats; required when `entropy_coef > 0`.
     #[serde(default)]
     pub entropy: Option<Vec<Vec<f32>>>,
@@ -144,13 +144,15 @@ impl LossToolInput {
 pub struct LossToolReport {
     /// The objective settings used.
     pub objective: ObjectiveConfig,
-    /// Batch indices of the trained rows (rows of dropped groups excluded).
+    /// Indices of the trained rows (batch rows then extra rows; rows of dropped groups are
+    /// left out).
     pub trained_rows: Vec<usize>,
     /// The micro-batches, as `[start, end)` positions in `trained_rows`.
     pub micro_batches: Vec<[usize; 2]>,
     /// Loss components and metrics.
     pub report: LossReport,
-    /// `∂loss/∂ℓ_θ` per token, `[batch rows][L_r]`; 0 on mask-0 slots and untrained rows.
+    /// `∂loss/∂ℓ_θ` per token, `[rows][L_r]` (batch rows then extra rows); 0 on mask-0 slots
+    /// and untrained rows.
     pub grad_logp: Vec<Vec<f32>>,
     /// `∂loss/∂H` per token, same shape; present when `entropy_coef > 0`.
     pub grad_entropy: Option<Vec<Vec<f32>>>,
@@ -177,18 +179,18 @@ pub fn split_rows(n: usize, parts: usize) -> Result<Vec<Range<usize>>> {
         .collect())
 }
 
-fn check_tokens(what: &str, values: &[Vec<f32>], batch: &Batch) -> Result<()> {
-    if values.len() != batch.rows.len() {
+fn check_tokens(what: &str, values: &[Vec<f32>], rows: &[&TurnRow]) -> Result<()> {
+    if values.len() != rows.len() {
         return Err(Error::Shape {
             what: "loss tool input",
             detail: format!(
-                "{what} has {} rows but the batch has {}",
+                "{what} has {} rows but the batch has {} (rows then extra rows)",
                 values.len(),
-                batch.rows.len()
+                rows.len()
             ),
         });
     }
-    for (i, (v, row)) in values.iter().zip(&batch.rows).enumerate() {
+    for (i, (v, row)) in values.iter().zip(rows).enumerate() {
         if v.len() != row.response_ids.len() {
             return Err(Error::Shape {
                 what: "loss tool input",
@@ -203,17 +205,26 @@ fn check_tokens(what: &str, values: &[Vec<f32>], batch: &Batch) -> Result<()> {
     Ok(())
 }
 
+/// `ℓ_old` defaults to the sampled log-probs in a batch file.
+fn default_old_logprobs(row: &mut TurnRow) {
+    if row.old_logprobs.is_empty() {
+        row.old_logprobs = row.response_logprobs.clone();
+    }
+}
+
 /// Evaluates the objective on `input` with `config`, split into `micro_batches` micro-batches
-/// exactly as the optimizer would (one [`RlLoss`], each trained row passed once).
+/// exactly as the optimizer does: one [`RlLoss::from_rows`] over the trained rows, each passed
+/// once. Teacher terms need fixed teacher log-probs and the sampled-token form here: a live
+/// teacher or the top-k form needs a model's forward, which this tool does not have.
 pub fn run_loss(
     input: &LossToolInput,
     config: &ObjectiveConfig,
     micro_batches: usize,
 ) -> Result<LossToolReport> {
     config.validate()?;
-    let batch = &input.batch;
+    let mut batch = input.batch.clone();
     batch.validate()?;
-    let signals = match (&input.signals, &input.advantages) {
+    let mut signals = match (&input.signals, &input.advantages) {
         (Some(s), None) => s.clone(),
         (None, Some(a)) => Signals {
             advantages: a.clone(),
@@ -230,20 +241,32 @@ pub fn run_loss(
             ))
         }
     };
-    signals.validate_against(batch)?;
-    check_tokens("current_logp", &input.current_logp, batch)?;
-    let sampled: Vec<Vec<f32>> = batch
-        .rows
-        .iter()
-        .map(|r| r.response_logprobs.clone())
-        .collect();
-    let old_logp = input.old_logp.as_ref().unwrap_or(&sampled);
-    check_tokens("old_logp", old_logp, batch)?;
-    if let Some(r) = &input.ref_logp {
-        check_tokens("ref_logp", r, batch)?;
+    signals.validate_against(&batch)?;
+    for term in &signals.teacher {
+        let live = term
+            .targets
+            .iter()
+            .any(|t| matches!(t.source, TeacherSource::Context { .. }));
+        if live || term.form != TeacherForm::SampledReverseKl {
+            return Err(Error::Other(format!(
+                "loss tool input: teacher term `{}` has {}; that needs a model's forward pass, \
+                 which the offline loss tool does not run. Give fixed teacher log-probs \
+                 (source kind \"fixed\") with the sampled_reverse_kl form, or train it",
+                term.name,
+                if live {
+                    "a live teacher (source kind \"context\")"
+                } else {
+                    "the top-k form"
+                }
+            )));
+        }
     }
+    batch.rows.iter_mut().for_each(default_old_logprobs);
+    signals.extra_rows.iter_mut().for_each(default_old_logprobs);
+    let rows = all_rows(&batch, &signals);
+    check_tokens("current_logp", &input.current_logp, &rows)?;
     match &input.entropy {
-        Some(h) => check_tokens("entropy", h, batch)?,
+        Some(h) => check_tokens("entropy", h, &rows)?,
         None if config.needs_entropy() => {
             return Err(Error::Other(format!(
                 "loss tool input: entropy_coef = {} needs per-token \"entropy\"",
@@ -253,48 +276,49 @@ pub fn run_loss(
         None => {}
     }
 
-    let kept = kept_rows(batch, &signals);
-    let pick = |v: &[Vec<f32>]| kept.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
-    let step = StepInput::from_batch(
-        batch,
-        &signals,
-        pick(old_logp),
-        input.ref_logp.as_deref().map(pick),
-    )?;
-    let mut loss = RlLoss::new(config, step.rows, step.aux)?;
+    let trained = trained_rows(&batch, &signals);
+    let mut loss = RlLoss::from_rows(config, &rows, &signals, &trained)?;
+    let pick = |v: &[Vec<f32>]| trained.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
     let logp = pick(&input.current_logp);
     let entropy = input.entropy.as_deref().map(pick).unwrap_or_default();
 
-    let splits = split_rows(kept.len(), micro_batches)?;
-    let mut grad_logp = batch.zeros_like_responses();
-    let mut grad_entropy = config.needs_entropy().then(|| batch.zeros_like_responses());
+    let splits = split_rows(trained.len(), micro_batches)?;
+    let zeros = || -> Vec<Vec<f32>> {
+        rows.iter()
+            .map(|r| vec![0.0; r.response_ids.len()])
+            .collect()
+    };
+    let mut grad_logp = zeros();
+    let mut grad_entropy = config.needs_entropy().then(zeros);
     for mb in &splits {
-        let ent = if entropy.is_empty() {
-            &[][..]
-        } else {
-            &entropy[mb.clone()]
+        let scores = TokenScores {
+            logp: &logp[mb.clone()],
+            entropy: if entropy.is_empty() {
+                &[][..]
+            } else {
+                &entropy[mb.clone()]
+            },
+            teacher: &[],
         };
-        let grads = loss.grads(mb.clone(), &logp[mb.clone()], ent)?;
+        let grads = loss.grads(mb.clone(), &scores)?;
         for (k, g) in mb.clone().zip(grads.logp) {
-            grad_logp[kept[k]] = g;
+            grad_logp[trained[k]] = g;
         }
         if let Some(out) = grad_entropy.as_mut() {
             for (k, h) in mb.clone().zip(grads.entropy) {
-                out[kept[k]] = h;
+                out[trained[k]] = h;
             }
         }
     }
+    loss.check_complete()?;
     Ok(LossToolReport {
         objective: config.clone(),
         micro_batches: splits.iter().map(|r| [r.start, r.end]).collect(),
-        trained_rows: kept,
-        report: {
-            loss.check_complete()?;
-            loss.report()
-        },
+        trained_rows: trained,
+        report: loss.report(),
         grad_logp,
         grad_entropy,
-        batch_metrics: metric_map(&batch_metrics(batch, &signals)),
+        batch_metrics: metric_map(&batch_metrics(&batch, &signals)),
     })
 }
 
@@ -437,7 +461,11 @@ mod tests {
             "{e}"
         );
         let mut no_ref = example();
-        no_ref.ref_logp = None;
+        no_ref
+            .batch
+            .rows
+            .iter_mut()
+            .for_each(|r| r.ref_logprobs.clear());
         assert!(run_loss(&no_ref, &kl_config(), 1)
             .unwrap_err()
             .to_string()
@@ -461,26 +489,115 @@ mod tests {
 
     #[test]
     fn advantages_shorthand_and_default_old_logp() {
-        // With the shorthand nothing is dropped; old_logp defaults to response_logprobs, so
+        // With the shorthand nothing is dropped; old_logprobs defaults to response_logprobs, so
         // passing those explicitly changes nothing.
         let mut input = example();
         let signals = input.signals.take().unwrap();
         input.advantages = Some(signals.advantages);
         let a = run_loss(&input, &kl_config(), 1).unwrap();
         assert_eq!(a.trained_rows, vec![0, 1, 2, 3]);
-        input.old_logp = Some(
-            input
-                .batch
-                .rows
-                .iter()
-                .map(|r| r.response_logprobs.clone())
-                .collect(),
-        );
+        for row in &mut input.batch.rows {
+            row.old_logprobs = row.response_logprobs.clone();
+        }
         let b = run_loss(&input, &kl_config(), 2).unwrap();
         assert!((a.report.loss - b.report.loss).abs() < 1e-12);
         // Row 3 now trains: 10 tokens, its advantages are 0, ρ = 1, ℓ = ℓ_ref.
         assert_eq!(a.report.tokens, 10);
         assert_eq!(a.grad_logp[3], vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn rows_carry_old_and_ref_logprobs() {
+        // ℓ_old from the rows: with ℓ_old = ℓ_θ everywhere, ρ = 1 and the token-mean surrogate
+        // is −mean(A) over the 8 trained tokens: −(0.5·5 − 1·3) / 8 = 0.0625.
+        let mut input = example();
+        let current = input.current_logp.clone();
+        for (row, lp) in input.batch.rows.iter_mut().zip(&current) {
+            row.old_logprobs = lp.clone();
+        }
+        let out = run_loss(&input, &ObjectiveConfig::default(), 2).unwrap();
+        close(out.report.pg_loss, 0.0625, "pg_loss with ℓ_old = ℓ_θ");
+        assert_eq!(out.report.ratio_mean, 1.0);
+        // ℓ_ref from the rows: the KL metric of the documented example.
+        close(out.report.kl.unwrap(), 0.006864969, "kl");
+        // A wrong length is an error naming the row.
+        input.batch.rows[1].old_logprobs.pop();
+        let e = run_loss(&input, &ObjectiveConfig::default(), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("row 1: old_logprobs has 1 entries for 2 response tokens"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fixed_teacher_terms_and_extra_rows_run_offline() {
+        use cairn_plugin_sdk::{TeacherTarget, TeacherTerm};
+
+        // The EDGE example as an extra row of the example batch: ℓ_θ = ℓ_old (ρ = 1, A = 0 on
+        // it), teacher [−0.3, −0.8, −0.1]: teacher loss 2.5 / 3 with coef 1.
+        let mut input = example();
+        let mut signals = input.signals.take().unwrap();
+        let extra = TurnRow {
+            group_id: 1,
+            trajectory_id: 12,
+            prompt_ids: vec![101],
+            response_ids: vec![11, 12, 13],
+            response_logprobs: vec![-0.5, -2.0, -0.1],
+            response_mask: vec![1, 1, 1],
+            ref_logprobs: vec![-0.5, -2.0, -0.1],
+            ..TurnRow::default()
+        };
+        signals.extra_rows.push(extra);
+        signals.advantages.push(vec![0.0; 3]);
+        signals.teacher.push(TeacherTerm {
+            name: "edge".into(),
+            coef: 1.0,
+            form: TeacherForm::SampledReverseKl,
+            targets: vec![TeacherTarget {
+                row: 4,
+                weights: vec![1.0; 3],
+                source: TeacherSource::Fixed {
+                    logprobs: vec![-0.3, -0.8, -0.1],
+                    top_ids: vec![],
+                    top_logprobs: vec![],
+                },
+            }],
+        });
+        input.signals = Some(signals.clone());
+        input.current_logp.push(vec![-0.5, -2.0, -0.1]);
+        let out = run_loss(&input, &kl_config(), 3).unwrap();
+        assert_eq!(out.trained_rows, vec![0, 1, 2, 4]);
+        let t = &out.report.teacher[0];
+        close(t.loss, 2.5 / 3.0, "teacher loss");
+        assert_eq!(t.active_tokens, 3);
+        // Token-mean over 11 tokens for the PPO/KL terms, over the 3 active ones for EDGE:
+        // ∂L/∂ℓ on the extra row = 0.01·(1 − e^0)/11 (k3 at ℓ = ℓ_ref) + [−0.2, −1.2, 0]/3.
+        for (l, want) in [-0.2, -1.2, 0.0].iter().enumerate() {
+            assert!((f64::from(out.grad_logp[4][l]) - want / 3.0).abs() < 1e-6);
+        }
+        // A live teacher or the top-k form is refused, naming the term.
+        let mut live = signals.clone();
+        live.teacher[0].targets[0].source = TeacherSource::Context {
+            context_ids: vec![1],
+        };
+        input.signals = Some(live);
+        let e = run_loss(&input, &kl_config(), 1).unwrap_err().to_string();
+        assert!(
+            e.contains("teacher term `edge` has a live teacher") && e.contains("needs a model"),
+            "{e}"
+        );
+        let mut top = signals;
+        top.teacher[0].form = TeacherForm::TopKReverseKl { k: 2 };
+        top.teacher[0].targets[0].source = TeacherSource::Fixed {
+            logprobs: vec![],
+            top_ids: vec![0; 6],
+            top_logprobs: vec![-1.0; 6],
+        };
+        input.signals = Some(top);
+        let e = run_loss(&input, &kl_config(), 1).unwrap_err().to_string();
+        assert!(e.contains("teacher term `edge` has the top-k form"), "{e}");
     }
 
     /// A toy algorithm: advantage = episode reward − 0.5 on every trainable token; logs one

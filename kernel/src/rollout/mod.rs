@@ -12,7 +12,10 @@
 pub mod prompt;
 pub mod tokens;
 
-use cairn_plugin_sdk::{ContextVariant, Environment, Episode, Observation, TaskRef, TurnRow};
+use cairn_plugin_sdk::{
+    ContextVariant, Environment, Episode, Observation, TaskRef, TurnContext, TurnContextRequest,
+    TurnRow, TurnSummary,
+};
 
 use crate::backend::{Generation, SamplingParams};
 use crate::error::Result;
@@ -36,8 +39,8 @@ pub struct PlayParams {
     /// Sampling for every turn; `seed` is mixed with the turn index per call.
     pub sampling: SamplingParams,
     pub max_turns: u32,
-    /// Version of the weights that will sample (recorded on every row).
-    pub policy_version: u64,
+    /// The training step (handed to the per-turn context hook).
+    pub step: u64,
 }
 
 /// The outcome of one trajectory.
@@ -65,8 +68,14 @@ pub struct Rollouts {
     pub sampled_tokens: usize,
 }
 
-/// The batched generation call: one response per prompt.
-pub type GenerateFn<'a> = dyn FnMut(&[Vec<u32>], &SamplingParams) -> Result<Vec<Generation>> + 'a;
+/// The batched generation call: one response per prompt, and the policy version that sampled
+/// them (recorded on each row, so a row's version is the version of its own turn).
+pub type GenerateFn<'a> =
+    dyn FnMut(&[Vec<u32>], &SamplingParams) -> Result<(Vec<Generation>, u64)> + 'a;
+
+/// The per-turn context hook ([`cairn_plugin_sdk::Algorithm::next_context`]), called before
+/// every turn after the first when the algorithm asks for it.
+pub type TurnHook<'a> = dyn FnMut(&TurnContextRequest) -> Result<TurnContext> + 'a;
 
 struct Live {
     spec: EpisodeSpec,
@@ -74,15 +83,21 @@ struct Live {
     observation: Observation,
     rows: Vec<TurnRow>,
     reward: f32,
+    /// What the hook sees of the finished turns.
+    summaries: Vec<TurnSummary>,
 }
 
-/// Plays every episode of `specs` to the end (done, or `max_turns`).
+/// Plays every episode of `specs` to the end (done, or `max_turns`). With a `hook`, the
+/// context of each turn after the first is asked of it: it may keep the slot's context, switch
+/// it for this and later turns, or give the whole prompt of this turn (the row then records
+/// that prompt, and its `extra.prompt_override = true`).
 pub fn play(
     env: &dyn Environment,
     builder: &dyn PromptBuilder,
     specs: &[EpisodeSpec],
     params: &PlayParams,
     generate: &mut GenerateFn<'_>,
+    mut hook: Option<&mut TurnHook<'_>>,
 ) -> Result<Rollouts> {
     let mut out = Rollouts::default();
     let mut live: Vec<Live> = Vec::with_capacity(specs.len());
@@ -96,6 +111,7 @@ pub fn play(
                     observation,
                     rows: Vec::new(),
                     reward: 0.0,
+                    summaries: Vec::new(),
                 });
             }
             Err(e) => {
@@ -107,13 +123,35 @@ pub fn play(
     }
     let mut turn = 0u32;
     while !live.is_empty() {
-        let prompts = live
-            .iter()
-            .map(|l| builder.prompt(&l.spec.variant, &l.observation))
-            .collect::<Result<Vec<_>>>()?;
+        let mut overridden = vec![false; live.len()];
+        let mut prompts = Vec::with_capacity(live.len());
+        for (i, l) in live.iter_mut().enumerate() {
+            if let (Some(hook), true) = (hook.as_deref_mut(), turn > 0) {
+                let request = TurnContextRequest {
+                    step: params.step,
+                    group_id: l.spec.group_id,
+                    trajectory_id: l.spec.trajectory_id,
+                    task_id: l.spec.task_id.clone(),
+                    turn,
+                    variant: l.spec.variant.clone(),
+                    turns: l.summaries.clone(),
+                    observation: l.observation.clone(),
+                };
+                match hook(&request)? {
+                    TurnContext::Keep => {}
+                    TurnContext::Variant { variant } => l.spec.variant = variant,
+                    TurnContext::Prompt { prompt_ids } => {
+                        overridden[i] = true;
+                        prompts.push(prompt_ids);
+                        continue;
+                    }
+                }
+            }
+            prompts.push(builder.prompt(&l.spec.variant, &l.observation)?);
+        }
         let mut sampling = params.sampling.clone();
         sampling.seed = mix(params.sampling.seed, u64::from(turn));
-        let generations = generate(&prompts, &sampling)?;
+        let (generations, version) = generate(&prompts, &sampling)?;
         if generations.len() != prompts.len() {
             return Err(crate::Error::Model(format!(
                 "generate returned {} responses for {} prompts",
@@ -122,7 +160,12 @@ pub fn play(
             )));
         }
         let mut still_live = Vec::with_capacity(live.len());
-        for ((mut l, prompt_ids), generation) in live.into_iter().zip(prompts).zip(generations) {
+        for (((mut l, prompt_ids), generation), overridden) in live
+            .into_iter()
+            .zip(prompts)
+            .zip(generations)
+            .zip(overridden)
+        {
             out.sampled_tokens += generation.ids.len();
             let action = builder.action(&generation.ids)?;
             let outcome = match l.episode.step(&action) {
@@ -136,14 +179,25 @@ pub fn play(
             };
             let mut info: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(&outcome.info_json).unwrap_or_default();
+            l.summaries.push(TurnSummary {
+                observation: l.observation.text.clone(),
+                action: action.clone(),
+                reward: outcome.reward,
+                feedback: outcome.feedback,
+                tool_calls: outcome.tool_calls,
+            });
             info.insert("action".into(), serde_json::Value::String(action));
+            let mut extra = serde_json::Map::new();
+            if overridden {
+                extra.insert("prompt_override".into(), serde_json::Value::Bool(true));
+            }
             l.reward += outcome.reward;
             l.rows.push(TurnRow {
                 group_id: l.spec.group_id,
                 trajectory_id: l.spec.trajectory_id,
                 turn,
                 task_id: l.spec.task_id.clone(),
-                policy_version: params.policy_version,
+                policy_version: version,
                 variant: l.spec.variant.clone(),
                 prompt_ids,
                 response_mask: vec![1; generation.ids.len()],
@@ -159,6 +213,8 @@ pub fn play(
                 feedback: outcome.feedback,
                 tool_calls: outcome.tool_calls,
                 info,
+                extra,
+                ..TurnRow::default()
             });
             l.observation = outcome.observation;
             if outcome.done || turn + 1 >= params.max_turns {

@@ -1,6 +1,6 @@
 //! Turning an environment observation into prompt ids, and sampled ids into an action.
 //!
-//! The kernel owns tokenisation (algorithms.md §14, fact 2): prompts are built here, once, and
+//! The kernel owns tokenisation (docs/algorithms/kernel-contract.md, point 2): prompts are built here, once, and
 //! the ids recorded on the row are exactly the ids the policy saw. Sampled ids are decoded only
 //! to hand the environment its action text; the ids themselves are what the trainer sees.
 
@@ -30,10 +30,50 @@ pub trait PromptBuilder: Send + Sync {
 
     /// Ids that end a response.
     fn stop_ids(&self) -> &[u32];
+
+    /// The prompt after earlier turns of a trajectory ([`cairn_plugin_sdk::Host::render_prompt`]).
+    /// With no history it is exactly [`PromptBuilder::prompt`], the prompt rollouts use; each
+    /// history turn is rendered before the observation as its observation, then `> ` and the
+    /// action, on their own lines.
+    fn render(
+        &self,
+        variant: &ContextVariant,
+        observation: &Observation,
+        history: &[cairn_plugin_sdk::HistoryTurn],
+    ) -> Result<Vec<u32>> {
+        if history.is_empty() {
+            return self.prompt(variant, observation);
+        }
+        let mut text = String::new();
+        for turn in history {
+            text.push_str(&turn.observation);
+            text.push_str("\n> ");
+            text.push_str(&turn.action);
+            text.push('\n');
+        }
+        text.push_str(&observation.text);
+        self.prompt(
+            variant,
+            &Observation {
+                text,
+                ..observation.clone()
+            },
+        )
+    }
 }
 
-/// The plain format: `encode(inject + observation) ++ separator`; the policy answers with
-/// the action's ids and a stop id.
+/// The tools a slot is offered: the observation's tool schemas, unless the slot's variant turns
+/// tools off (EAPO's tool-free slots), in which case the prompt carries no schema at all.
+pub fn offered_tools<'a>(
+    variant: &ContextVariant,
+    observation: &'a Observation,
+) -> Option<&'a [serde_json::Value]> {
+    (variant.tools_enabled && !observation.tools.is_empty()).then_some(&observation.tools[..])
+}
+
+/// The plain format: `encode(inject + tools + observation) ++ separator`, where `tools` is a
+/// `Tools: [...]` JSON line of the offered tool schemas (none for most environments); the
+/// policy answers with the action's ids and a stop id.
 pub struct PlainPrompt<C> {
     pub codec: C,
     /// Ids appended after the observation (e.g. the id of `<|im_start|>`), marking "answer now".
@@ -44,11 +84,17 @@ pub struct PlainPrompt<C> {
 
 impl<C: TextCodec> PromptBuilder for PlainPrompt<C> {
     fn prompt(&self, variant: &ContextVariant, observation: &Observation) -> Result<Vec<u32>> {
-        let text = if variant.inject.is_empty() {
-            observation.text.clone()
-        } else {
-            format!("{}\n{}", variant.inject, observation.text)
+        let mut text = match offered_tools(variant, observation) {
+            Some(tools) => format!(
+                "Tools: {}\n{}",
+                serde_json::Value::from(tools),
+                observation.text
+            ),
+            None => observation.text.clone(),
         };
+        if !variant.inject.is_empty() {
+            text = format!("{}\n{text}", variant.inject);
+        }
         let mut ids = self.codec.encode(&text)?;
         ids.extend_from_slice(&self.separator);
         Ok(ids)
@@ -108,10 +154,13 @@ impl PromptBuilder for ChatPrompt {
             messages.push(serde_json::json!({"role": "system", "content": self.system}));
         }
         messages.push(serde_json::json!({"role": "user", "content": user}));
-        self.format.prompt_ids(&messages, None)
+        self.format
+            .prompt_ids(&messages, offered_tools(variant, observation))
     }
 
-    /// The first line of the decoded response, special tokens skipped.
+    /// The first line of the decoded response, special tokens skipped; a response holding a
+    /// `<tool_call>` block is handed over whole (the call spans lines), for the environment to
+    /// run or, on a tools-off slot, refuse.
     fn action(&self, response_ids: &[u32]) -> Result<String> {
         let body = match response_ids.last() {
             Some(id) if self.format.stop_ids().contains(id) => {
@@ -120,6 +169,9 @@ impl PromptBuilder for ChatPrompt {
             _ => response_ids,
         };
         let text = self.format.tokenizer().decode_skip_special(body)?;
+        if text.contains("<tool_call>") {
+            return Ok(text.trim().to_string());
+        }
         Ok(text.trim().lines().next().unwrap_or("").trim().to_string())
     }
 
@@ -187,5 +239,38 @@ pub(crate) mod tests {
         assert_eq!(p.action(&demo).unwrap(), "take mug 1");
         // A truncated response (no stop id) decodes whole.
         assert_eq!(p.action(&demo[..2]).unwrap(), "take mug");
+    }
+
+    #[test]
+    fn tools_reach_the_plain_prompt_only_when_enabled() {
+        let p = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let bare = Observation {
+            text: "compute 1 + 2".into(),
+            ..Default::default()
+        };
+        let with_tools = Observation {
+            tools: vec![serde_json::json!({"type": "function", "function": {"name": "calc"}})],
+            ..bare.clone()
+        };
+        let off = ContextVariant {
+            tools_enabled: false,
+            ..Default::default()
+        };
+        let on = ContextVariant::default();
+        assert_eq!(offered_tools(&on, &with_tools), Some(&with_tools.tools[..]));
+        assert_eq!(offered_tools(&off, &with_tools), None);
+        assert_eq!(offered_tools(&on, &bare), None);
+        let plain = p.prompt(&on, &bare).unwrap();
+        assert_eq!(p.prompt(&off, &with_tools).unwrap(), plain);
+        let shown = p.prompt(&on, &with_tools).unwrap();
+        assert_eq!(
+            p.codec.decode(&shown).unwrap(),
+            r#"Tools: [{"type":"function","function":{"name":"calc"}}] compute 1 + 2"#
+        );
+        assert!(shown.ends_with(&plain[plain.len() - 5..]));
     }
 }

@@ -1,4 +1,4 @@
-//! The gateway path on the token cases of `bugs.json`, with the real Qwen3 tokenizer and a
+//! The gateway path on the token cases of docs/bug-cases.md, with the real Qwen3 tokenizer and a
 //! scripted policy (the null backend answers every prompt with the case's sampled ids):
 //! requests are rendered, sampled, returned, fed back by a "harness" and merged, and the
 //! trained rows are checked id by id.
@@ -43,6 +43,7 @@ fn gateway(response: &[u32]) -> Gateway {
             PolicyActor::new(Box::new(NullBackend {
                 version: 3,
                 response: response.clone(),
+                ..Default::default()
             }))
         }
     });

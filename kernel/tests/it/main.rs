@@ -1,5 +1,10 @@
 //! Integration tests of `cairn-kernel`: one binary, one module per area (style.md).
 
+mod bank;
 mod gateway;
+mod pipeline;
 mod plugins;
+mod skills;
 mod text;
+mod tidy;
+mod tools;

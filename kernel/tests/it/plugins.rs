@@ -20,7 +20,7 @@ fn build_dir() -> PathBuf {
 }
 
 /// Copies the named plugins into a fresh directory (so each test controls its directory).
-fn plugin_dir(names: &[&str]) -> tempfile::TempDir {
+pub fn plugin_dir(names: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     for name in names {
         let file = format!("lib{name}.so");
@@ -116,12 +116,14 @@ fn grpo_and_household_load_and_run_through_the_abi() {
         assert!((a - e).abs() < 1e-4, "{first:?}");
     }
     let plan = grpo
-        .plan_group(&GroupRequest {
-            step: 0,
-            group_id: 0,
-            task_id: "t".into(),
-            group_size: 3,
-        })
+        .plan_group(
+            &GroupRequest {
+                task_id: "t".into(),
+                group_size: 3,
+                ..Default::default()
+            },
+            &OfflineHost::default(),
+        )
         .unwrap();
     assert_eq!(plan.len(), 3);
 }
@@ -151,23 +153,27 @@ fn a_panicking_plugin_yields_an_error_not_an_abort() {
     let e = algo.signals(&batch, &OfflineHost::default()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Panic, "{e}");
     // The host is still alive and the plugin still answers other calls.
-    let plan = algo.plan_group(&GroupRequest {
-        step: 0,
-        group_id: 0,
-        task_id: "t".into(),
-        group_size: 2,
-    });
+    let plan = algo.plan_group(
+        &GroupRequest {
+            task_id: "t".into(),
+            group_size: 2,
+            ..Default::default()
+        },
+        &OfflineHost::default(),
+    );
     assert_eq!(plan.unwrap().len(), 2);
 
     let e = faulty
         .create_algorithm(r#"{"error_in": "plan"}"#)
         .unwrap()
-        .plan_group(&GroupRequest {
-            step: 0,
-            group_id: 0,
-            task_id: "t".into(),
-            group_size: 2,
-        });
+        .plan_group(
+            &GroupRequest {
+                task_id: "t".into(),
+                group_size: 2,
+                ..Default::default()
+            },
+            &OfflineHost::default(),
+        );
     assert_eq!(e.unwrap_err().kind, ErrorKind::Internal);
 
     let e = faulty

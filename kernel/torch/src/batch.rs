@@ -142,6 +142,24 @@ impl ResponseBatch {
             .collect())
     }
 
+    /// Per-row `[L_r·k]` values (row-major) from a right-aligned `[B, R, k]` tensor.
+    pub fn unpad_k<T: tch::kind::Element + Copy>(
+        &self,
+        values: &Tensor,
+        k: usize,
+    ) -> Result<Vec<Vec<T>>> {
+        let flat: Vec<T> = Vec::try_from(values.to_device(Device::Cpu).contiguous().view([-1]))?;
+        Ok(self
+            .response_lens
+            .iter()
+            .enumerate()
+            .map(|(r, &len)| {
+                let end = (r + 1) * self.r_max * k;
+                flat[end - len * k..end].to_vec()
+            })
+            .collect())
+    }
+
     /// The right-aligned `[B, R]` f32 tensor of per-row values (zeros in padding slots).
     /// `what` labels the error when a row's length differs from its response.
     pub fn pad(&self, rows: &[Vec<f32>], what: &'static str, device: Device) -> Result<Tensor> {

@@ -1,5 +1,5 @@
-//! Response-token log-probs and entropies from one batched forward, shared by scoring (no
-//! grad) and training (with grad).
+//! Response-token log-probs, entropies and top-k log-probs from one batched forward, shared by
+//! scoring (no grad) and training (with grad).
 //!
 //! The log-prob of response token `j` of a row comes from the logits at that row's position
 //! `prompt_len + j - 1`; with the batch left-padded (`batch::ResponseBatch`) these
@@ -32,6 +32,9 @@ pub(crate) struct ResponseScores {
     pub logp: Tensor,
     /// `[B, R]` f32 entropies `−Σ_v p_v log p_v` of the tempered next-token distribution.
     pub entropy: Option<Tensor>,
+    /// `[B, R, V]` f32 log-probs over the whole vocabulary (kept when asked for: top-k scoring
+    /// and top-k teacher terms gather from it).
+    pub logp_all: Option<Tensor>,
 }
 
 /// Runs the forward; gradient tracking follows the caller's grad mode.
@@ -40,6 +43,7 @@ pub(crate) fn response_scores(
     batch: &ResponseBatch,
     temperature: f64,
     with_entropy: bool,
+    keep_all: bool,
 ) -> Result<ResponseScores> {
     let padded = &batch.padded;
     let hidden =
@@ -61,5 +65,15 @@ pub(crate) fn response_scores(
         .squeeze_dim(-1);
     let entropy =
         with_entropy.then(|| -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float));
-    Ok(ResponseScores { logp, entropy })
+    Ok(ResponseScores {
+        logp,
+        entropy,
+        logp_all: keep_all.then_some(logp_all),
+    })
+}
+
+/// The `k` largest entries of `logp_all` `[B, R, V]` along the vocabulary, most likely first:
+/// `(values [B, R, k] f32, ids [B, R, k] int64)`. Ties keep libtorch's order.
+pub(crate) fn top_k(logp_all: &Tensor, k: usize) -> (Tensor, Tensor) {
+    logp_all.topk(k as i64, -1, true, true)
 }

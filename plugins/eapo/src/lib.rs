@@ -1,11 +1,11 @@
-//! `eapo`: Efficient Agentic Policy Optimization, "learning when not to act" (algorithms.md
-//! §11). An A-type plugin with a rollout-time decision: some slots of every group run without
+//! `eapo`: Efficient Agentic Policy Optimization, "learning when not to act" (arXiv
+//! 2606.02132; docs/algorithms/eapo.md). An A-type plugin with a rollout-time decision: some slots of every group run without
 //! tools, and their success tells how easy the query is.
 //!
 //! **Provenance.** From the paper (arXiv 2606.02132, abstract and front matter only): each
 //! rollout group contains tool-free trajectories; difficulty-aware reward shaping penalises
 //! redundant tool calls mainly on easy queries; confidence-aware token reweighting. **Every
-//! formula and constant below is our proposal** (algorithms.md §11a–b), not the paper's.
+//! formula and constant below is our proposal** (docs/algorithms/eapo.md), not the paper's.
 //!
 //! 1. **Tool-free slots** ([`Algorithm::plan_group`]): the first `tool_free_slots` slots of each
 //!    group get the variant `{label: "tools-off", tools_enabled: false}` (the kernel removes the
@@ -243,7 +243,11 @@ impl Algorithm for Eapo {
         }
     }
 
-    fn plan_group(&mut self, request: &GroupRequest) -> Result<Vec<ContextVariant>> {
+    fn plan_group(
+        &mut self,
+        request: &GroupRequest,
+        _host: &dyn Host,
+    ) -> Result<Vec<ContextVariant>> {
         let free = self.config.tool_free_slots;
         if request.group_size <= free {
             return Err(PluginError::config(format!(
@@ -254,8 +258,8 @@ impl Algorithm for Eapo {
         }
         let off = ContextVariant {
             label: TOOLS_OFF.into(),
-            inject: String::new(),
             tools_enabled: false,
+            ..ContextVariant::default()
         };
         Ok((0..request.group_size)
             .map(|k| {
@@ -350,8 +354,8 @@ mod tests {
             variant: if tool_free {
                 ContextVariant {
                     label: TOOLS_OFF.into(),
-                    inject: String::new(),
                     tools_enabled: false,
+                    ..ContextVariant::default()
                 }
             } else {
                 ContextVariant::default()
@@ -366,7 +370,7 @@ mod tests {
         }
     }
 
-    /// algorithms.md §11e: group of 6, two tool-free: (tf, 1, 0) ×2, (tool, 1, 2), (tool, 1, 1),
+    /// docs/algorithms/eapo.md, worked example: group of 6, two tool-free: (tf, 1, 0) ×2, (tool, 1, 2), (tool, 1, 1),
     /// (tool, 0, 3), (tool, 1, 0). Uniform log-probs so the token weights are all 1.
     fn example(free_correct: bool) -> Batch {
         let lp = [-0.5f32, -0.5];
@@ -477,8 +481,9 @@ mod tests {
             group_id: 9,
             task_id: "t".into(),
             group_size: 8,
+            ..GroupRequest::default()
         };
-        let plan = eapo.plan_group(&request).unwrap();
+        let plan = eapo.plan_group(&request, &OfflineHost::default()).unwrap();
         assert_eq!(plan.len(), 8);
         assert!(plan[..2]
             .iter()
@@ -487,10 +492,13 @@ mod tests {
         let req = eapo.requirements();
         assert!(req.tool_free_slots && req.min_group_size == 3);
         let e = eapo
-            .plan_group(&GroupRequest {
-                group_size: 2,
-                ..request
-            })
+            .plan_group(
+                &GroupRequest {
+                    group_size: 2,
+                    ..request
+                },
+                &OfflineHost::default(),
+            )
             .unwrap_err();
         assert!(
             e.message

@@ -1,9 +1,9 @@
-//! `efca`: Environmental Feedback-based Credit Assignment (algorithms.md §9). A pure A-type
-//! plugin that redistributes a trajectory's outcome credit over its turns using what the
+//! `efca`: Environmental Feedback-based Credit Assignment (docs/algorithms/efca.md). A pure
+//! A-type plugin that redistributes a trajectory's outcome credit over its turns using what the
 //! environment said about each action.
 //!
-//! **Provenance.** No paper or code for EFCA was found in the public material we could read
-//! (algorithms.md §9: "NOT FOUND"). Only the idea is the brief's: a short-term feedback signal,
+//! **Provenance.** No paper or code for EFCA was found in the public material we could
+//! read. Only the idea is the brief's: a short-term feedback signal,
 //! a medium-term state-history signal, and return reweighting. Every formula, default and
 //! name below is **our proposal**, to be replaced when the source is available.
 //!
@@ -364,7 +364,7 @@ mod tests {
 
     use super::*;
 
-    /// algorithms.md §9e: a successful 4-turn trajectory (R = 1, reward 1 on the last turn) with
+    /// docs/algorithms/efca.md, worked example: a successful 4-turn trajectory (R = 1, reward 1 on the last turn) with
     /// f = [+1, −1, +1, +1] and anchors s0, s1, s2, s1 (turn 2's action returns to s1, so
     /// h = [+1, +1, −1, +1]); and a failed one (R = −0.6) with f = 0 and no revisit. With
     /// mean_norm over rows the group mean is 0.2, so the success has Â = 0.8.

@@ -3,10 +3,12 @@
 //! plugin's name on it and never aborts the host.
 //!
 //! Config: `{"panic_in": "create" | "plan" | "signals" | "none", "error_in": ... }`. With
-//! `"none"` everywhere it returns zero advantages.
+//! `"none"` everywhere it returns zero advantages. `"requires": {...}` declares those
+//! `Requirements` (e.g. `{"teacher_scores": true}`), to test the host's checks at load.
 
 use cairn_plugin_sdk::{
-    Algorithm, Batch, ContextVariant, GroupRequest, Host, PluginError, Result, Signals,
+    Algorithm, Batch, ContextVariant, GroupRequest, Host, PluginError, Requirements, Result,
+    Signals,
 };
 use serde::Deserialize;
 
@@ -28,6 +30,8 @@ pub struct FaultyConfig {
     pub panic_in: Site,
     /// Where to return an error.
     pub error_in: Site,
+    /// The requirements to declare (default: none), to test the host's load-time checks.
+    pub requires: Requirements,
 }
 
 pub struct Faulty {
@@ -55,7 +59,15 @@ impl Faulty {
 }
 
 impl Algorithm for Faulty {
-    fn plan_group(&mut self, request: &GroupRequest) -> Result<Vec<ContextVariant>> {
+    fn requirements(&self) -> Requirements {
+        self.config.requires.clone()
+    }
+
+    fn plan_group(
+        &mut self,
+        request: &GroupRequest,
+        _host: &dyn Host,
+    ) -> Result<Vec<ContextVariant>> {
         self.trip(Site::Plan)?;
         Ok(vec![ContextVariant::default(); request.group_size as usize])
     }

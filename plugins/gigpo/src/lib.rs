@@ -1,4 +1,4 @@
-//! `gigpo`: Group-in-Group Policy Optimization (arXiv 2505.10978; algorithms.md §2), following
+//! `gigpo`: Group-in-Group Policy Optimization (arXiv 2505.10978; docs/algorithms/gigpo.md), following
 //! verl-agent's `gigpo/core_gigpo.py`. A pure A-type plugin: one advantage per turn row,
 //! broadcast to the row's trainable tokens.
 //!
@@ -275,7 +275,7 @@ mod tests {
 
     use super::*;
 
-    /// algorithms.md §2e: γ = 0.95, one group, three trajectories, success reward 10 on the last
+    /// docs/algorithms/gigpo.md, worked example: γ = 0.95, one group, three trajectories, success reward 10 on the last
     /// turn. A: s0 → s1, rewards [0, 10]; B: s0 → s2 → s1, [0, 0, 10]; C: s0 → s2 → s2,
     /// [0, 0, 0]. Rows in the order of the table: A t0, A t1, B t0, B t1, B t2, C t0, C t1, C t2.
     fn example(anchors: [&str; 3]) -> Batch {

@@ -1,4 +1,5 @@
-//! `grpo`: group-relative advantages for the PPO clipped surrogate (algorithms.md §1), with
+//! `grpo`: group-relative advantages for the PPO clipped surrogate (verl
+//! `core_algos.py`, Dr.GRPO arXiv 2503.20783; docs/algorithms/grpo.md), with
 //! the Dr.GRPO, RLOO and DAPO variants as options. A pure A-type plugin: it emits one advantage
 //! per trajectory, broadcast to every trainable token of every turn of that trajectory.
 //!
@@ -356,9 +357,9 @@ impl Algorithm for Grpo {
         ];
         Ok(Signals {
             advantages,
-            aux: Vec::new(),
             dropped_groups,
             metrics,
+            ..Signals::default()
         })
     }
 }
@@ -481,7 +482,7 @@ mod tests {
         assert_eq!(s.advantages[1], vec![0.0]);
     }
 
-    /// algorithms.md §2e's three trajectories (A: 2 turns, R = 10; B: 3 turns, 10; C: 3, 0).
+    /// The three trajectories of docs/algorithms/gigpo.md's worked example (A: 2 turns, R = 10; B: 3 turns, 10; C: 3, 0).
     fn gigpo_trajectories() -> Batch {
         let spec = [
             (0, 0, 10.0),

@@ -292,6 +292,7 @@ impl Episode for HouseholdEpisode {
             text,
             anchor: Some(self.state.anchor()),
             admissible_actions,
+            tools: Vec::new(),
         }
     }
 

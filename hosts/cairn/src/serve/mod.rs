@@ -6,6 +6,11 @@
 //! serves [`routes`] with actix-web on the same actix system. It prints
 //! `gateway: listening on http://ADDR` on stderr once the socket is bound (harness scripts and
 //! tests read the port from it when `bind` asks for port 0).
+//!
+//! [`Started::shutdown`] stops it in an order that leaves no request hanging and no generation
+//! running: the sampler first (queued and new requests get a 503 `shutting_down`, batches in
+//! flight are answered), then the HTTP server (it stops accepting and finishes the responses it
+//! is writing), then the episode source.
 
 mod routes;
 
@@ -17,10 +22,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use anyhow::{Context, Result};
 use cairn_kernel::actors::policy::{Generate, PolicyActor};
+use cairn_kernel::actors::threads::SyncThreads;
 use cairn_kernel::backend::PolicyBackend;
 use cairn_kernel::config::PipelineConfig;
 use cairn_kernel::gateway::{
     EpisodeSource, EpisodeStore, Gateway, GatewayConfig, GatewayLink, RequestSettings, Sampler,
+    StopCollecting, StopSampling,
 };
 use cairn_kernel::text::{ChatFormat, Tokenizer};
 use parking_lot::Mutex;
@@ -32,7 +39,22 @@ pub struct Started {
     pub gateway: Gateway,
     /// What the trainer needs (collect episodes, pause around updates).
     pub link: GatewayLink,
-    pub server: actix_web::dev::ServerHandle,
+    server: actix_web::dev::ServerHandle,
+    sampler: Addr<Sampler>,
+    source: Addr<EpisodeSource>,
+}
+
+impl Started {
+    /// Stops the gateway (see the module docs). When it returns, no `Generate` of the
+    /// gateway's is running or will be sent, the server's workers have stopped and its socket
+    /// is closed.
+    pub async fn shutdown(self) {
+        // Errors only mean the actor has already stopped, which is the goal.
+        let _ = self.sampler.send(StopSampling).await;
+        self.server.stop(true).await;
+        let _ = self.source.send(StopCollecting).await;
+        tracing::debug!("gateway stopped");
+    }
 }
 
 /// Starts the gateway on `bind`. `training`: episode calls are sampled at the rollout
@@ -71,6 +93,8 @@ pub fn start(
         step_timeout: gateway_config.step_timeout(),
     }
     .start();
+    // The HTTP side holds only this recipient: once the sampler stops, a request that still
+    // comes gets the 503 from `Gateway::complete`.
     let gateway = Gateway::new(format, settings, store, sampler.clone().recipient());
     let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
@@ -98,11 +122,13 @@ pub fn start(
     Ok(Started {
         gateway,
         link: GatewayLink {
-            collect: source.recipient(),
+            collect: source.clone().recipient(),
             pause: sampler.clone().recipient(),
-            resume: sampler.recipient(),
+            resume: sampler.clone().recipient(),
         },
         server: handle,
+        sampler,
+        source,
     })
 }
 
@@ -122,7 +148,7 @@ pub fn serve(
         None => {
             std::fs::create_dir_all(&config.run.dir)
                 .with_context(|| format!("creating {}", config.run.dir.display()))?;
-            let env = cairn_kernel::gateway::HarnessEnvironment;
+            let env = cairn_kernel::gateway::HarnessEnvironment::new(&gateway_config);
             setup::tokenizer(&config, &config.run.dir, &env)?
         }
     };
@@ -131,9 +157,10 @@ pub fn serve(
         backend.load(dir)?;
     }
     let bind = bind.unwrap_or_else(|| gateway_config.bind.clone());
-    actix::System::new().block_on(async move {
+    crate::commands::on_actor_system(async move {
+        let threads = SyncThreads::default();
         let backend = Mutex::new(Some(backend));
-        let policy = SyncArbiter::start(1, move || {
+        let policy = threads.start(move || {
             PolicyActor::new(Box::new(
                 backend
                     .lock()
@@ -141,36 +168,49 @@ pub fn serve(
                     .expect("the policy actor is built once"),
             ))
         });
-        let started = start(
-            &config,
-            &gateway_config,
-            &tokenizer,
-            policy.recipient(),
-            false,
-            &bind,
-        )?;
-        let store = started.gateway.store().clone();
-        loop {
-            actix::clock::sleep(Duration::from_millis(200)).await;
-            let Some(path) = &record else { continue };
-            let finished = store.lock().drain_ready();
-            if finished.is_empty() {
-                continue;
-            }
-            let mut lines = String::new();
-            for e in finished {
-                let line = serde_json::json!({"episode_id": e.id, "task_id": e.group_key,
-                    "reward": e.reward, "success": e.success, "rows": e.rows});
-                lines.push_str(&line.to_string());
-                lines.push('\n');
-            }
-            use std::io::Write;
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .and_then(|mut f| f.write_all(lines.as_bytes()))
-                .with_context(|| format!("appending episodes to {}", path.display()))?;
+        let served = async {
+            let started = start(
+                &config,
+                &gateway_config,
+                &tokenizer,
+                policy.recipient(),
+                false,
+                &bind,
+            )?;
+            // Until interrupted; an error recording episodes stops the server cleanly.
+            let recorded = record_episodes(&started, record.as_deref()).await;
+            started.shutdown().await;
+            recorded
         }
+        .await;
+        (threads, served)
     })
+}
+
+/// Every 200 ms, appends the finished episodes to `record` as JSON lines (forever, or until
+/// a write fails).
+async fn record_episodes(started: &Started, record: Option<&Path>) -> Result<()> {
+    let store = started.gateway.store().clone();
+    loop {
+        actix::clock::sleep(Duration::from_millis(200)).await;
+        let Some(path) = record else { continue };
+        let finished = store.lock().drain_ready();
+        if finished.is_empty() {
+            continue;
+        }
+        let mut lines = String::new();
+        for e in finished {
+            let line = serde_json::json!({"episode_id": e.id, "task_id": e.group_key,
+                "reward": e.reward, "success": e.success, "rows": e.rows});
+            lines.push_str(&line.to_string());
+            lines.push('\n');
+        }
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .with_context(|| format!("appending episodes to {}", path.display()))?;
+    }
 }

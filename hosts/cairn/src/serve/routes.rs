@@ -52,6 +52,20 @@ fn error(e: &ApiError) -> HttpResponse {
     HttpResponse::build(status).json(e.to_json())
 }
 
+/// A completion that failed on the server's side (a 503 while shutting down, a backend error):
+/// the message names the request, so the harness's log says which call of which episode it
+/// was.
+fn failed(req: &HttpRequest, episode: Option<&str>, mut e: ApiError) -> HttpResponse {
+    if e.status() >= 500 {
+        let episode = match episode {
+            Some(id) if !req.path().starts_with("/episodes/") => format!(" (episode {id})"),
+            _ => String::new(),
+        };
+        e.message = format!("{} {}{episode}: {}", req.method(), req.path(), e.message);
+    }
+    error(&e)
+}
+
 fn reply(result: Result<serde_json::Value, ApiError>) -> HttpResponse {
     match result {
         Ok(body) => HttpResponse::Ok().json(body),
@@ -121,7 +135,7 @@ async fn complete(
     let anchor = header(&req, "x-cairn-anchor");
     let done = match gw.complete(route, &body, episode.as_deref(), anchor).await {
         Ok(done) => done,
-        Err(e) => return error(&e),
+        Err(e) => return failed(&req, episode.as_deref(), e),
     };
     if !done.job.stream {
         let mut body = gw.body(&done);

@@ -97,7 +97,9 @@ fn missing_plugins_and_unmet_needs_are_named() {
         &base.replace("plugin = \"grpo\"", "plugin = \"eapo\""),
     );
     assert!(
-        e.contains("algorithm `eapo` needs tools") && e.contains("algorithm.plugin"),
+        e.contains("algorithm `eapo` sets `requirements.tool_free_slots`")
+            && e.contains("environment `household` does not provide it")
+            && e.contains("algorithm.plugin"),
         "{e}"
     );
 

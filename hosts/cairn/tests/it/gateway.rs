@@ -1,6 +1,7 @@
 //! The gateway end to end: the Python `openai` client plays episodes against `cairn train`
 //! with a gateway source on loopback, and the one training step consumes exactly the ids the
-//! API returned; bad input against `cairn serve` gets OpenAI errors and disturbs nothing.
+//! API returned; the run then ends under requests in flight and exits cleanly; bad input
+//! against `cairn serve` gets OpenAI errors and disturbs nothing.
 //!
 //! The model is a 1-layer random Qwen3-layout model with the committed Qwen3 tokenizer
 //! fixture (its chat template renders tools). Python comes from the project's `.venv`
@@ -134,13 +135,22 @@ impl Gateway {
         );
     }
 
-    /// Waits for the process to exit by itself; its stderr on failure.
+    /// Waits for the process to exit by itself and succeed; its whole stderr (after the
+    /// address line), read to the end, so nothing printed while the process exits is missed.
     fn wait(mut self, limit: Duration) -> String {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                let log: Vec<String> = self.stderr.try_iter().collect();
-                assert!(status.success(), "cairn failed:\n{}", log.join("\n"));
+                let mut log = Vec::new();
+                // The reader thread ends at EOF, which follows the exit at once.
+                while let Ok(line) = self.stderr.recv_timeout(Duration::from_secs(10)) {
+                    log.push(line);
+                }
+                assert!(
+                    status.success(),
+                    "cairn failed ({status}):\n{}",
+                    log.join("\n")
+                );
                 return log.join("\n");
             }
             if Instant::now() > deadline {
@@ -187,11 +197,19 @@ fn ids(v: &Value) -> Vec<u64> {
 /// The e2e check: every trained row is built from the calls' returned ids (prompt of the
 /// first call, sampled ids with mask 1, the next prompt's extra ids with mask 0), the sampled
 /// log-probs are those the API reported, and every returned id is trained on exactly once.
+///
+/// Shutdown (issue 10, item 5): the step's last group is rewarded while harness clients keep
+/// long requests in flight, so the run ends under them. It must exit 0 with no panic on
+/// stderr (a generation still running as the process tore libtorch down used to panic in a
+/// linear layer), and every request in flight must be answered or refused with a 503, never
+/// cut or left hanging.
 #[test]
 fn gateway_episodes_train_on_exactly_the_returned_ids() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let cfg = write_config(tmp.path(), "gateway.toml", &gateway_config(&run, 1, ""));
+    // Three groups from the minimal agent, the fourth from the shutdown script.
+    let text = gateway_config(&run, 1, "").replace("tasks_per_step = 3", "tasks_per_step = 4");
+    let cfg = write_config(tmp.path(), "gateway.toml", &text);
     let gateway = Gateway::start(&["train", cfg.to_str().unwrap()]);
     let log = tmp.path().join("calls.json");
     let script = repo().join("examples/gateway/minimal_agent.py");
@@ -208,7 +226,16 @@ fn gateway_episodes_train_on_exactly_the_returned_ids() {
         "--log",
         log.to_str().unwrap(),
     ]);
-    gateway.wait(Duration::from_secs(180));
+    let late = repo().join("hosts/cairn/tests/it/gateway_shutdown.py");
+    let late = run_python(&[late.to_str().unwrap(), "--base-url", &gateway.url]);
+    let stderr = gateway.wait(Duration::from_secs(180));
+    assert!(
+        !stderr.contains("panicked"),
+        "a thread panicked after training:\n{stderr}"
+    );
+    check_requests_in_flight_at_shutdown(
+        &serde_json::from_str(late.trim()).expect("a JSON summary"),
+    );
 
     let episodes: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
@@ -326,6 +353,46 @@ fn gateway_episodes_train_on_exactly_the_returned_ids() {
         "reported vs trained log-probs differ by {mismatch}"
     );
     assert_eq!(rl[0]["policy_version"].as_u64(), Some(1));
+}
+
+/// Each request the shutdown script's clients sent around the end of the run was answered
+/// (200), refused with the OpenAI-style 503 that names it and says what to do, or, once the
+/// server had stopped accepting, refused a connection at once. None hung, and none was held
+/// and then dropped (that fails only after the server's shutdown grace, 1 s). At least one
+/// request was waiting in the gateway's queue when the run ended, and got the 503.
+fn check_requests_in_flight_at_shutdown(summary: &Value) {
+    assert_eq!(summary["hung_clients"], 0, "{summary:#}");
+    let mut refused = 0;
+    for outcome in summary["outcomes"].as_array().expect("outcomes") {
+        match outcome["status"].as_u64() {
+            Some(200) => {}
+            Some(503) => {
+                let e = &outcome["body"]["error"];
+                assert_eq!(e["type"], "service_unavailable_error", "{outcome}");
+                assert_eq!(e["code"], "shutting_down", "{outcome}");
+                let message = e["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.starts_with("POST /v1/completions: ")
+                        && message.contains("shutting down")
+                        && message.contains("cairn serve"),
+                    "{outcome}"
+                );
+                refused += 1;
+            }
+            Some(status) => panic!("a request in flight got {status}: {outcome}"),
+            None => {
+                let elapsed = outcome["elapsed"].as_f64().expect("elapsed");
+                assert!(
+                    elapsed < 1.0,
+                    "a request the server had taken was dropped after {elapsed} s: {outcome}"
+                );
+            }
+        }
+    }
+    assert!(
+        refused >= 1,
+        "no request was waiting when the run ended: {summary:#}"
+    );
 }
 
 /// Malformed JSON, an unknown model, a prompt past the context window, a negative

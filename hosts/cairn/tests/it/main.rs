@@ -5,8 +5,11 @@
 //! puts them (scripts/test.sh builds before testing).
 
 mod bad_input;
+mod bank;
 mod gateway;
 mod logprobs;
+mod pipeline;
+mod skills;
 mod smoke;
 mod tools;
 

@@ -53,6 +53,44 @@ fn signals_runs_a_plugin_on_the_example_rows() {
     assert!(stderr(&out).contains("norm_adv"), "{}", stderr(&out));
 }
 
+/// The offline host has no model and no bank: a plugin that declares it needs them is refused
+/// before it runs, naming the plugin, the flag and what to do.
+#[test]
+fn signals_refuses_a_plugin_that_needs_a_model() {
+    for (requires, need) in [
+        (
+            r#"{"teacher_scores": true}"#,
+            "`requirements.teacher_scores` (it calls `Host::score` to re-score responses)",
+        ),
+        (
+            r#"{"generation": true}"#,
+            "`requirements.generation` (it calls `Host::generate`)",
+        ),
+        (
+            r#"{"bank": ["skill"]}"#,
+            "`requirements.bank` (it calls the experience bank)",
+        ),
+    ] {
+        let out = cairn(&[
+            "signals",
+            "--plugin",
+            "faulty",
+            "--config",
+            &format!("requires={requires}"),
+            "--batch",
+            &docs("example-rows.json"),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let expected = format!(
+            "algorithm `faulty` sets {need}, but `cairn signals` (offline, no model) offers no \
+             such service; run it in a training pipeline (`cairn train`) with a policy model, or \
+             turn that part of the plugin off"
+        );
+        assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "nothing ran: {}", stdout(&out));
+    }
+}
+
 #[test]
 fn loss_is_the_same_for_every_micro_batch_split() {
     let args = |n: &'static str| {

@@ -1,11 +1,11 @@
 //! Tests of `cairn_kernel::text` against committed fixtures (`kernel/fixtures/text/`, sources
 //! in its NOTICE.md): the real Qwen3 tokenizer, llama.cpp golden ids, four real chat templates
-//! with renders from Python jinja2, and the token cases of `bugs.json`.
+//! with renders from Python jinja2, and the multi-turn token cases of docs/bug-cases.md.
 
 mod chat_template;
+mod segments;
 mod tokenizer;
 mod tool_calls;
-mod trace;
 mod train;
 
 use std::path::{Path, PathBuf};

@@ -1,7 +1,9 @@
 //! Word-level tokenizers trained on household text: round trips, determinism, reload, and a
-//! multi-turn trace with the trained tokenizer.
+//! multi-call episode merged by ids with the trained tokenizer.
 
-use cairn_kernel::text::{train_word_level, ChatFormat, TokenTrace, Tokenizer, WordLevelConfig};
+use cairn_kernel::gateway::{SampledChoice, Segment};
+use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
+use cairn_plugin_sdk::FinishReason;
 
 use super::msg;
 
@@ -126,9 +128,10 @@ fn training_is_deterministic_and_reloads() {
     assert!(train_word_level(CORPUS.iter().copied(), &bad).is_err());
 }
 
-/// The main job's episode: prompts and observations from the template, sampled ids verbatim.
+/// A multi-call episode with the trained tokenizer: each request rendered from the template,
+/// sampled ids verbatim, merged into one segment because the template is append-only here.
 #[test]
-fn trained_tokenizer_drives_a_trace() {
+fn trained_tokenizer_merges_a_multi_call_episode() {
     let tokenizer = train(CORPUS);
     let format = ChatFormat::from_tokenizer(tokenizer.clone()).expect("format");
     let mut messages = vec![
@@ -138,26 +141,44 @@ fn trained_tokenizer_drives_a_trace() {
         ),
         msg("user", CORPUS[0]),
     ];
-    let mut trace = TokenTrace::start(&format, messages.clone(), None).expect("starts");
-    for (action, observation) in [
+    let mut prompt = format.prompt_ids(&messages, None).expect("renders");
+    let mut segment: Option<Segment> = None;
+    for (call, (action, observation)) in [
         ("go to countertop 2", CORPUS[3]),
         ("take apple 3 from countertop 2", CORPUS[5]),
-    ] {
-        let mut sampled = tokenizer.encode(action).expect("encodes");
-        sampled.push(format.end_of_turn());
-        trace.push_sampled(&sampled);
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut ids = tokenizer.encode(action).expect("encodes");
+        ids.push(format.end_of_turn());
+        let choice = SampledChoice {
+            logprobs: vec![-1.0; ids.len()],
+            ids,
+            finish_reason: FinishReason::Stop,
+            tool_calls: 0,
+        };
+        match segment.as_mut() {
+            None => {
+                segment = Some(Segment::start(
+                    &prompt,
+                    &choice,
+                    (0, 0),
+                    0,
+                    None,
+                    String::new(),
+                ))
+            }
+            Some(s) => s.extend(&prompt, &choice, (call as u32, 0)),
+        }
         messages.push(msg("assistant", action));
         messages.push(msg("user", observation));
-        trace
-            .push_observation(&format, &messages[messages.len() - 1..])
-            .expect("observes");
-        assert_eq!(
-            trace.ids(),
-            format.prompt_ids(&messages, None).expect("renders")
-        );
+        prompt = format.prompt_ids(&messages, None).expect("renders");
+        let s = segment.as_ref().expect("segment");
+        assert_eq!(s.prefix_of(&prompt), Ok(()), "call {call} merges");
     }
-    assert!(trace.mismatches().is_empty());
-    let trainable = trace.loss_mask().iter().filter(|&&m| m == 1).count();
+    let segment = segment.expect("segment");
+    let trainable = segment.sampled_tokens();
     assert_eq!(
         trainable,
         tokenizer

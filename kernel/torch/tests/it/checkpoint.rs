@@ -42,20 +42,16 @@ fn save_load_round_trip_is_exact_and_resumes_identically() {
             "{w:?}"
         );
     }
+    // The same next step on both: a checkpoint round trip is exact, so the step after it is
+    // bit-identical (split invariance is tested on its own, in training.rs).
     let ra = a.train_step(&seqs, &[0..3], 1.0, &mut sft(&seqs)).unwrap();
-    let rb = b
-        .train_step(&seqs, &[0..1, 1..3], 1.0, &mut sft(&seqs))
-        .unwrap();
-    assert_eq!(ra.policy_version, rb.policy_version);
-    assert_eq!(ra.lr, rb.lr);
-    assert!((ra.grad_norm - rb.grad_norm).abs() <= 1e-6 * ra.grad_norm);
-    let (sa, sb) = (
+    let rb = b.train_step(&seqs, &[0..3], 1.0, &mut sft(&seqs)).unwrap();
+    assert_eq!(ra, rb);
+    assert_eq!(
         a.score(&seqs, 1.0, Weights::Current).unwrap(),
         b.score(&seqs, 1.0, Weights::Current).unwrap(),
+        "next step identical"
     );
-    for (x, y) in sa.iter().flatten().zip(sb.iter().flatten()) {
-        assert!((x - y).abs() <= 1e-6, "next step identical: {x} vs {y}");
-    }
 }
 
 /// Rewrites `file` in `dir` through `edit` on its named tensors.

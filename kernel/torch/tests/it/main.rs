@@ -13,4 +13,5 @@ mod forward;
 mod generation;
 mod loading;
 mod reference;
+mod teacher;
 mod training;

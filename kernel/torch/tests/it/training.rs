@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
-use cairn_kernel::loss::{SftLoss, TokenGrads, TokenLoss};
+use cairn_kernel::loss::{SftLoss, TokenGrads, TokenLoss, TokenScores};
 use cairn_torch::{CausalLm, ModelConfig, TorchBackend};
 use tch::{Kind, Tensor};
 
@@ -32,10 +32,10 @@ impl TokenLoss for ToyLoss {
     fn grads(
         &mut self,
         rows: Range<usize>,
-        logp: &[Vec<f32>],
-        entropy: &[Vec<f32>],
+        scores: &TokenScores<'_>,
     ) -> cairn_kernel::Result<TokenGrads> {
-        assert_eq!(logp.len(), entropy.len());
+        let logp = scores.logp;
+        assert_eq!(logp.len(), scores.entropy.len());
         Ok(TokenGrads {
             logp: rows
                 .clone()
@@ -46,6 +46,7 @@ impl TokenLoss for ToyLoss {
                 .iter()
                 .map(|lp| (0..lp.len()).map(toy_b).collect())
                 .collect(),
+            teacher: Vec::new(),
         })
     }
 }

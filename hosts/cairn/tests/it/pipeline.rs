@@ -1,0 +1,222 @@
+//! The actor pipeline on a tiny model: at `rollout.max_staleness = 0` it reproduces, to the
+//! last bit, the metric stream of the trainer it replaced (`tests/fixtures/sync-golden/`, see
+//! its README), and with `max_staleness = 1` it trains with rows at most one version old.
+
+use std::path::Path;
+
+use crate::{cairn, jsonl, stderr, write_config};
+
+/// Wall-clock times and throughputs differ from run to run; every other value must not.
+fn timed(key: &str) -> bool {
+    key.ends_with("_time_s") || key.ends_with("tokens_per_s")
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sync-golden")
+        .join(name)
+}
+
+/// The golden config with `[rollout]` extended by `rollout_extra`, writing to `run`.
+fn golden_config(dir: &Path, run: &Path, rollout_extra: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(fixture("config.toml"))
+        .expect("fixture config")
+        .replace("{dir}", &run.display().to_string())
+        .replace("[rollout]\n", &format!("[rollout]\n{rollout_extra}\n"));
+    write_config(dir, "golden.toml", &text)
+}
+
+#[test]
+fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = golden_config(tmp.path(), &run, "max_staleness = 0");
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+
+    let golden = jsonl(&fixture("metrics.jsonl"));
+    let got = jsonl(&run.join("metrics.jsonl"));
+    assert_eq!(got.len(), golden.len(), "one line per step");
+    let mut compared = 0;
+    for (i, (g, n)) in golden.iter().zip(&got).enumerate() {
+        let (g, n) = (g.as_object().unwrap(), n.as_object().unwrap());
+        for (key, want) in g {
+            if timed(key) {
+                continue;
+            }
+            let values = n.get("values").and_then(|v| v.as_object());
+            let have = n.get(key).or_else(|| values.and_then(|v| v.get(key)));
+            assert_eq!(have, Some(want), "line {i}, key `{key}`");
+            compared += 1;
+        }
+    }
+    assert!(compared > 100, "only {compared} values compared");
+    assert_eq!(
+        jsonl(&run.join("eval.jsonl")),
+        jsonl(&fixture("eval.jsonl")),
+        "held-out evaluations"
+    );
+}
+
+#[test]
+fn async_pipeline_trains_with_rows_at_most_one_version_old() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = golden_config(tmp.path(), &run, "max_staleness = 2");
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let rl: Vec<_> = jsonl(&run.join("metrics.jsonl"))
+        .into_iter()
+        .filter(|m| m["phase"] == "rl")
+        .collect();
+    assert_eq!(rl.len(), 3);
+    for m in &rl {
+        // Two mini-batches per step: k = 2 versions is one step of lead.
+        assert!(m["staleness/max"].as_u64().unwrap() <= 2, "{m}");
+        assert_eq!(m["staleness/rows_dropped"], 0, "{m}");
+        assert!(m["loss"].as_f64().is_some_and(f64::is_finite), "{m}");
+    }
+}
+
+/// The golden run's config (a warm-started model whose groups have mixed outcomes) with
+/// `stack` under `[algorithm]`, trajectories recorded.
+fn hint_stack(run: &Path, stack: &str) -> String {
+    std::fs::read_to_string(fixture("config.toml"))
+        .expect("fixture config")
+        .replace("{dir}", &run.display().to_string())
+        .replace(
+            "[algorithm]\nplugin = \"grpo\"\n",
+            &format!("[algorithm]\nplugin = \"grpo\"\n{stack}\n"),
+        )
+        .replace(
+            "checkpoint_every = 0\n",
+            "checkpoint_every = 0\nrecord_trajectories = true\n",
+        )
+        // One update per batch: the step's loss report covers every row.
+        .replace("updates_per_batch = 2", "updates_per_batch = 1")
+}
+
+#[test]
+fn a_scaffold_plugin_stacked_on_grpo_plans_hints_turn_by_turn_and_distills_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = hint_stack(
+        &run,
+        "\n[[algorithm.stack]]\nplugin = \"hint\"\nconfig = { hint = \"Use an admissible action.\" }",
+    );
+    let cfg = write_config(tmp.path(), "hint.toml", &text);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+
+    let rl: Vec<_> = jsonl(&run.join("metrics.jsonl"))
+        .into_iter()
+        .filter(|m| m["phase"] == "rl")
+        .collect();
+    assert_eq!(rl.len(), 3);
+    let mut distilled = 0.0;
+    for m in &rl {
+        let rows = m["hint/rows_distilled"].as_f64().unwrap();
+        let term = &m["teacher"][0];
+        assert_eq!(term["name"], "hint-distill", "{m}");
+        let active = term["active_tokens"].as_f64().unwrap();
+        // Every distilled row brings its sampled tokens; none without one.
+        assert_eq!(rows == 0.0, active == 0.0, "{m}");
+        assert!(term["loss"].as_f64().is_some_and(f64::is_finite), "{m}");
+        distilled += rows;
+    }
+    assert!(distilled > 0.0, "the hint helped some group in three steps");
+    // Half of every group played with the hint; the per-turn hook changed some contexts.
+    let batch: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("trajectories/step-000000.json")).unwrap(),
+    )
+    .unwrap();
+    let rows = batch["rows"].as_array().unwrap();
+    let first_turn: Vec<&serde_json::Value> = rows.iter().filter(|r| r["turn"] == 0).collect();
+    let hinted = first_turn
+        .iter()
+        .filter(|r| r["variant"]["label"] == "hint")
+        .count();
+    assert_eq!(hinted * 2, first_turn.len(), "half the slots start hinted");
+    assert!(first_turn
+        .iter()
+        .filter(|r| r["variant"]["label"] == "hint")
+        .all(|r| r["variant"]["inject"] == "Use an admissible action."));
+    // After a rejected action a hinted slot's next turn carries the correction.
+    let corrected: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["variant"]["label"] == "hint+correction")
+        .collect();
+    assert!(
+        !corrected.is_empty(),
+        "no turn after a rejected hinted action"
+    );
+    assert!(corrected
+        .iter()
+        .all(|r| r["turn"].as_u64().unwrap() > 0 && r["variant"]["extra"]["hinted"] == true));
+    // Each group the hint helped left an evidence card in the run's bank, with provenance;
+    // later plans for a task saw its cards.
+    let out = cairn(&["bank", "export", run.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let cards: Vec<serde_json::Value> = crate::stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let helped_groups: f64 = rl
+        .iter()
+        .map(|m| m["hint/groups_helped"].as_f64().unwrap())
+        .sum();
+    assert_eq!(
+        cards.len() as f64,
+        helped_groups,
+        "one card per helped group"
+    );
+    for c in &cards {
+        assert_eq!(c["kind"], "evidence_card", "{c}");
+        assert_eq!(c["provenance"]["writer"], "grpo+hint", "{c}");
+        assert!(!c["provenance"]["source_trajectories"]
+            .as_array()
+            .unwrap()
+            .is_empty());
+        assert!(c["text"]
+            .as_str()
+            .unwrap()
+            .contains("the hint raised the mean reward"));
+    }
+    // The plugin's state went into the checkpoint, keyed by stack position.
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let state = std::fs::read_to_string(
+        run.join("checkpoints")
+            .join(latest.trim())
+            .join("algorithm.state"),
+    )
+    .unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let hint: serde_json::Value = serde_json::from_str(state["1:hint"].as_str().unwrap()).unwrap();
+    assert_eq!(hint["steps"], 3, "{hint}");
+}
+
+#[test]
+fn a_bad_stack_is_refused_with_its_key_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let check = |stack: &str, expected: &str| {
+        let run = tmp.path().join("never");
+        let cfg = write_config(tmp.path(), "bad.toml", &hint_stack(&run, stack));
+        let out = cairn(&["train", cfg.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains(expected), "expected `{expected}` in: {err}");
+        assert!(!run.exists(), "nothing is written for a bad stack");
+    };
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"gigpo\"",
+        "key `algorithm.stack[0].plugin`",
+    );
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"gigpo\"",
+        "`gigpo` is an advantage estimator, and `grpo` already gives the advantages",
+    );
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"hint\"\n[[algorithm.stack]]\nplugin = \"hint\"",
+        "`hint` and `hint` both plan the rollout slots; a stack has at most one planner",
+    );
+}

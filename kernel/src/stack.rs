@@ -1,0 +1,560 @@
+//! Composing algorithm plugins: one advantage estimator with planners and auxiliary-loss
+//! plugins stacked on it (`[algorithm]` plus `[[algorithm.stack]]` in the pipeline config).
+//!
+//! [`Stack`] implements [`Algorithm`] over its members, so the rest of the kernel drives one
+//! algorithm whatever the stack:
+//! - **plan_group**: the planner's plan (at most one member plans; without one, every slot is
+//!   plain);
+//! - **next_context**: asked of the members that set `turn_context`, in stack order; the first
+//!   answer other than `Keep` wins;
+//! - **signals**: the estimator's advantages; every member's auxiliary and teacher terms,
+//!   extra rows, dropped groups and metrics are merged (a stacked member sees the batch and
+//!   gives no advantages);
+//! - **observe**, **save_state**, **load_state**: every member (state is one JSON object keyed
+//!   by position and plugin name).
+//!
+//! [`Stack::new`] checks the composition: exactly one estimator, and it is the `[algorithm]`
+//! plugin; at most one planner; no stacked member giving advantages. So `edge` over `gigpo` is
+//! a config change, and no advantage code is copied into the stacked plugin.
+
+use cairn_plugin_sdk::{
+    Algorithm, Batch, ContextVariant, GroupRequest, Host, PluginError, Requirements, Role, Signals,
+    StepReport, TurnContext, TurnContextRequest,
+};
+
+/// A member of a stack: the plugin's name (for errors and state), its requirements, the
+/// algorithm itself.
+pub struct Member {
+    pub name: String,
+    pub requirements: Requirements,
+    pub algorithm: Box<dyn Algorithm>,
+}
+
+/// Why a stack cannot be built: the index of the offending member (0 is `[algorithm]`, `i` is
+/// `[[algorithm.stack]]` entry `i − 1`) and the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackError {
+    pub member: usize,
+    pub message: String,
+}
+
+/// An estimator with planners and auxiliary plugins stacked on it.
+pub struct Stack {
+    members: Vec<Member>,
+    planner: Option<usize>,
+    requirements: Requirements,
+}
+
+impl Stack {
+    /// Checks and builds a stack; `members[0]` is the estimator.
+    pub fn new(members: Vec<Member>) -> Result<Stack, StackError> {
+        let Some(first) = members.first() else {
+            return Err(StackError {
+                member: 0,
+                message: "a pipeline needs an `[algorithm]` plugin".into(),
+            });
+        };
+        if first.requirements.role != Role::Estimator {
+            return Err(StackError {
+                member: 0,
+                message: format!(
+                    "`{}` is a {} plugin, but `[algorithm]` is the advantage estimator; put an \
+                     estimator (grpo, gigpo, ...) there and stack `{}` under \
+                     `[[algorithm.stack]]`",
+                    first.name,
+                    first.requirements.role.as_str(),
+                    first.name
+                ),
+            });
+        }
+        let mut planner: Option<usize> = None;
+        for (i, m) in members.iter().enumerate().skip(1) {
+            match m.requirements.role {
+                Role::Estimator => {
+                    return Err(StackError {
+                        member: i,
+                        message: format!(
+                            "`{}` is an advantage estimator, and `{}` already gives the \
+                             advantages; a pipeline has exactly one estimator (remove one, or \
+                             use a planner/auxiliary plugin in the stack)",
+                            m.name, first.name
+                        ),
+                    })
+                }
+                Role::Planner => {
+                    if let Some(p) = planner {
+                        return Err(StackError {
+                            member: i,
+                            message: format!(
+                                "`{}` and `{}` both plan the rollout slots; a stack has at most \
+                                 one planner",
+                                members[p].name, m.name
+                            ),
+                        });
+                    }
+                    planner = Some(i);
+                }
+                Role::Auxiliary => {}
+            }
+        }
+        let requirements = union(members.iter().map(|m| &m.requirements));
+        Ok(Stack {
+            members,
+            planner,
+            requirements,
+        })
+    }
+
+    /// The names of the members, estimator first.
+    pub fn names(&self) -> Vec<&str> {
+        self.members.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    /// Each member's name and requirements, estimator first.
+    pub fn member_requirements(&self) -> impl Iterator<Item = (&str, &Requirements)> {
+        self.members
+            .iter()
+            .map(|m| (m.name.as_str(), &m.requirements))
+    }
+
+    fn named(&self, i: usize, e: PluginError) -> PluginError {
+        if self.members.len() == 1 || e.message.starts_with("plugin `") {
+            e
+        } else {
+            PluginError {
+                kind: e.kind,
+                message: format!("plugin `{}`: {}", self.members[i].name, e.message),
+            }
+        }
+    }
+}
+
+/// What the pipeline must provide for a whole stack: every member's needs.
+fn union<'a>(all: impl Iterator<Item = &'a Requirements>) -> Requirements {
+    let mut out = Requirements::default();
+    for r in all {
+        out.anchor_keys |= r.anchor_keys;
+        out.step_rewards |= r.step_rewards;
+        out.feedback |= r.feedback;
+        out.teacher_scores |= r.teacher_scores;
+        out.teacher_topk |= r.teacher_topk;
+        out.ref_logprobs |= r.ref_logprobs;
+        out.generation |= r.generation;
+        for k in &r.bank {
+            if !out.bank.contains(k) {
+                out.bank.push(*k);
+            }
+        }
+        out.reflection |= r.reflection;
+        out.tool_free_slots |= r.tool_free_slots;
+        out.turn_context |= r.turn_context;
+        out.min_group_size = out.min_group_size.max(r.min_group_size);
+        out.even_group_size |= r.even_group_size;
+        out.dynamic_sampling |= r.dynamic_sampling;
+    }
+    out
+}
+
+impl Algorithm for Stack {
+    fn requirements(&self) -> Requirements {
+        self.requirements.clone()
+    }
+
+    fn plan_group(
+        &mut self,
+        request: &GroupRequest,
+        host: &dyn Host,
+    ) -> cairn_plugin_sdk::Result<Vec<ContextVariant>> {
+        let Some(p) = self.planner else {
+            // Without a planner the estimator plans (its default is all-plain).
+            return self.members[0].algorithm.plan_group(request, host);
+        };
+        self.members[p]
+            .algorithm
+            .plan_group(request, host)
+            .map_err(|e| self.named(p, e))
+    }
+
+    fn next_context(
+        &mut self,
+        request: &TurnContextRequest,
+        host: &dyn Host,
+    ) -> cairn_plugin_sdk::Result<TurnContext> {
+        for i in 0..self.members.len() {
+            if !self.members[i].requirements.turn_context {
+                continue;
+            }
+            let answer = self.members[i]
+                .algorithm
+                .next_context(request, host)
+                .map_err(|e| self.named(i, e))?;
+            if answer != TurnContext::Keep {
+                return Ok(answer);
+            }
+        }
+        Ok(TurnContext::Keep)
+    }
+
+    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
+        let mut out = self.members[0]
+            .algorithm
+            .signals(batch, host)
+            .map_err(|e| self.named(0, e))?;
+        if out.advantages.is_empty() && !batch.rows.is_empty() {
+            return Err(PluginError::internal(format!(
+                "plugin `{}` is the advantage estimator but returned no advantages",
+                self.members[0].name
+            )));
+        }
+        for i in 1..self.members.len() {
+            let s = self.members[i]
+                .algorithm
+                .signals(batch, host)
+                .map_err(|e| self.named(i, e))?;
+            let name = &self.members[i].name;
+            if s.advantages.iter().flatten().any(|&a| a != 0.0) {
+                return Err(PluginError::internal(format!(
+                    "plugin `{name}` is stacked on `{}` but returned advantages; a stacked \
+                     plugin adds terms and leaves `advantages` empty",
+                    self.members[0].name
+                )));
+            }
+            // Row indices of a member's terms count its own extra rows after the batch's:
+            // shift them past the extra rows already merged.
+            let shift = out.extra_rows.len();
+            let base = batch.rows.len();
+            let remap = |row: usize| if row >= base { row + shift } else { row };
+            for existing in &mut out.aux {
+                existing
+                    .coefficients
+                    .extend(s.extra_rows.iter().map(|r| vec![0.0; r.response_ids.len()]));
+            }
+            for mut term in s.aux {
+                let (head, tail) = term
+                    .coefficients
+                    .split_at(base.min(term.coefficients.len()));
+                let mut coefficients = head.to_vec();
+                coefficients.extend(
+                    out.extra_rows
+                        .iter()
+                        .map(|r| vec![0.0; r.response_ids.len()]),
+                );
+                coefficients.extend_from_slice(tail);
+                term.coefficients = coefficients;
+                out.aux.push(term);
+            }
+            for mut term in s.teacher {
+                for t in &mut term.targets {
+                    t.row = remap(t.row);
+                }
+                out.teacher.push(term);
+            }
+            out.advantages
+                .extend(s.extra_rows.iter().map(|r| vec![0.0; r.response_ids.len()]));
+            out.extra_rows.extend(s.extra_rows);
+            for g in s.dropped_groups {
+                if !out.dropped_groups.contains(&g) {
+                    out.dropped_groups.push(g);
+                }
+            }
+            out.metrics.extend(s.metrics);
+        }
+        Ok(out)
+    }
+
+    fn observe(&mut self, report: &StepReport, host: &dyn Host) -> cairn_plugin_sdk::Result<()> {
+        for i in 0..self.members.len() {
+            self.members[i]
+                .algorithm
+                .observe(report, host)
+                .map_err(|e| self.named(i, e))?;
+        }
+        Ok(())
+    }
+
+    fn save_state(&self) -> cairn_plugin_sdk::Result<String> {
+        if self.members.len() == 1 {
+            return self.members[0].algorithm.save_state();
+        }
+        let mut map = serde_json::Map::new();
+        for (i, m) in self.members.iter().enumerate() {
+            map.insert(
+                format!("{i}:{}", m.name),
+                serde_json::Value::String(m.algorithm.save_state()?),
+            );
+        }
+        Ok(serde_json::Value::Object(map).to_string())
+    }
+
+    fn load_state(&mut self, state: &str) -> cairn_plugin_sdk::Result<()> {
+        if self.members.len() == 1 {
+            return self.members[0].algorithm.load_state(state);
+        }
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(state).map_err(|e| {
+                PluginError::input(format!(
+                    "the checkpoint's algorithm state is not the state of a stack of {} \
+                     plugins ({e}); resume with the stack the run was started with, or pass \
+                     --no-resume",
+                    self.members.len()
+                ))
+            })?;
+        for (i, m) in self.members.iter_mut().enumerate() {
+            let key = format!("{i}:{}", m.name);
+            let Some(text) = map.get(&key).and_then(|v| v.as_str()) else {
+                return Err(PluginError::input(format!(
+                    "the checkpoint's algorithm state has no entry `{key}`: the run was started \
+                     with another stack; resume with the same `[algorithm]` and \
+                     `[[algorithm.stack]]`, or pass --no-resume"
+                )));
+            };
+            m.algorithm.load_state(text)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_plugin_sdk::{
+        AuxTerm, OfflineHost, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm, TurnRow,
+    };
+
+    /// A configurable toy member.
+    struct Toy {
+        role: Role,
+        advantage: f32,
+        plan_label: Option<&'static str>,
+        extra_row: bool,
+    }
+
+    impl Algorithm for Toy {
+        fn requirements(&self) -> Requirements {
+            Requirements {
+                role: self.role,
+                ..Default::default()
+            }
+        }
+        fn plan_group(
+            &mut self,
+            request: &GroupRequest,
+            _host: &dyn Host,
+        ) -> cairn_plugin_sdk::Result<Vec<ContextVariant>> {
+            let label = self.plan_label.unwrap_or("plain");
+            Ok(vec![
+                ContextVariant {
+                    label: label.into(),
+                    ..Default::default()
+                };
+                request.group_size as usize
+            ])
+        }
+        fn signals(
+            &mut self,
+            batch: &Batch,
+            _host: &dyn Host,
+        ) -> cairn_plugin_sdk::Result<Signals> {
+            let mut s = Signals {
+                advantages: batch
+                    .rows
+                    .iter()
+                    .map(|r| vec![self.advantage; r.response_ids.len()])
+                    .collect(),
+                ..Default::default()
+            };
+            if self.role != Role::Estimator {
+                s.advantages.clear();
+                let mut coefficients = batch.zeros_like_responses();
+                if self.extra_row {
+                    let mut row = batch.rows[0].clone();
+                    row.train_prompt_ids = Some(vec![42]);
+                    coefficients.push(vec![1.0; row.response_ids.len()]);
+                    s.teacher.push(TeacherTerm {
+                        name: "t".into(),
+                        coef: 1.0,
+                        form: TeacherForm::SampledReverseKl,
+                        targets: vec![TeacherTarget {
+                            row: batch.rows.len(),
+                            weights: vec![1.0; row.response_ids.len()],
+                            source: TeacherSource::Context {
+                                context_ids: vec![7],
+                            },
+                        }],
+                    });
+                    s.extra_rows.push(row);
+                }
+                s.aux.push(AuxTerm {
+                    name: "aux".into(),
+                    coef: 0.5,
+                    coefficients,
+                });
+                s.dropped_groups.push(3);
+            }
+            Ok(s)
+        }
+    }
+
+    fn member(name: &str, toy: Toy) -> Member {
+        Member {
+            name: name.into(),
+            requirements: toy.requirements(),
+            algorithm: Box::new(toy),
+        }
+    }
+
+    fn estimator() -> Toy {
+        Toy {
+            role: Role::Estimator,
+            advantage: 1.5,
+            plan_label: None,
+            extra_row: false,
+        }
+    }
+
+    fn stacked(role: Role, plan: Option<&'static str>, extra_row: bool) -> Toy {
+        Toy {
+            role,
+            advantage: 0.0,
+            plan_label: plan,
+            extra_row,
+        }
+    }
+
+    fn batch() -> Batch {
+        Batch {
+            step: 0,
+            rows: (0..2)
+                .map(|i| TurnRow {
+                    group_id: 3,
+                    trajectory_id: i,
+                    response_ids: vec![1, 2],
+                    response_logprobs: vec![-1.0; 2],
+                    response_mask: vec![1, 1],
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn composition_is_checked() {
+        let check = |members: Vec<Member>| Stack::new(members).err();
+        let e = check(vec![member("edge", stacked(Role::Planner, None, false))]).unwrap();
+        assert_eq!(e.member, 0);
+        assert!(
+            e.message.starts_with("`edge` is a planner plugin"),
+            "{}",
+            e.message
+        );
+        let e = check(vec![
+            member("grpo", estimator()),
+            member("gigpo", estimator()),
+        ])
+        .unwrap();
+        assert_eq!(e.member, 1);
+        assert!(e.message.contains("exactly one estimator"), "{}", e.message);
+        let e = check(vec![
+            member("gigpo", estimator()),
+            member("edge", stacked(Role::Planner, Some("a"), false)),
+            member("pats", stacked(Role::Planner, Some("b"), false)),
+        ])
+        .unwrap();
+        assert_eq!(e.member, 2);
+        assert_eq!(
+            e.message,
+            "`edge` and `pats` both plan the rollout slots; a stack has at most one planner"
+        );
+        assert!(check(vec![
+            member("gigpo", estimator()),
+            member("edge", stacked(Role::Planner, Some("a"), false)),
+            member("aux", stacked(Role::Auxiliary, None, false)),
+        ])
+        .is_none());
+    }
+
+    #[test]
+    fn the_planner_plans_and_terms_merge_around_the_estimators_advantages() {
+        let mut stack = Stack::new(vec![
+            member("gigpo", estimator()),
+            member("edge", stacked(Role::Planner, Some("experience"), true)),
+            member("aux", stacked(Role::Auxiliary, None, true)),
+        ])
+        .unwrap();
+        let host = OfflineHost::default();
+        let plan = stack
+            .plan_group(
+                &GroupRequest {
+                    group_size: 2,
+                    ..Default::default()
+                },
+                &host,
+            )
+            .unwrap();
+        assert!(plan.iter().all(|v| v.label == "experience"));
+        let b = batch();
+        let s = stack.signals(&b, &host).unwrap();
+        s.validate_against(&b).unwrap();
+        // Two batch rows plus one extra row from each stacked member.
+        assert_eq!(s.extra_rows.len(), 2);
+        assert_eq!(
+            s.advantages,
+            vec![
+                vec![1.5, 1.5],
+                vec![1.5, 1.5],
+                vec![0.0, 0.0],
+                vec![0.0, 0.0]
+            ]
+        );
+        // Each member's aux term is 1 on its own extra row only.
+        assert_eq!(s.aux.len(), 2);
+        assert_eq!(s.aux[0].coefficients[2], vec![1.0, 1.0]);
+        assert_eq!(s.aux[0].coefficients[3], vec![0.0, 0.0]);
+        assert_eq!(s.aux[1].coefficients[2], vec![0.0, 0.0]);
+        assert_eq!(s.aux[1].coefficients[3], vec![1.0, 1.0]);
+        // The second member's teacher target moved past the first member's extra row.
+        let rows: Vec<usize> = s.teacher.iter().map(|t| t.targets[0].row).collect();
+        assert_eq!(rows, vec![2, 3]);
+        assert_eq!(s.dropped_groups, vec![3]);
+    }
+
+    #[test]
+    fn a_stacked_member_giving_advantages_is_an_error() {
+        let mut stack = Stack::new(vec![
+            member("grpo", estimator()),
+            member(
+                "bad",
+                Toy {
+                    role: Role::Auxiliary,
+                    advantage: 1.0,
+                    plan_label: None,
+                    extra_row: false,
+                },
+            ),
+        ])
+        .unwrap();
+        // The toy clears its advantages when stacked; make it keep them.
+        struct Keeps;
+        impl Algorithm for Keeps {
+            fn signals(
+                &mut self,
+                batch: &Batch,
+                _host: &dyn Host,
+            ) -> cairn_plugin_sdk::Result<Signals> {
+                Ok(Signals {
+                    advantages: vec![vec![1.0; 2]; batch.rows.len()],
+                    ..Default::default()
+                })
+            }
+        }
+        stack.members[1].algorithm = Box::new(Keeps);
+        let e = stack
+            .signals(&batch(), &OfflineHost::default())
+            .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("plugin `bad` is stacked on `grpo` but returned advantages"),
+            "{e}"
+        );
+    }
+}
