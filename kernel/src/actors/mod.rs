@@ -3,11 +3,14 @@
 //! | actor | runs on | does |
 //! |---|---|---|
 //! | [`policy::PolicyActor`] | `SyncArbiter` (1 thread) | owns the backend: sample, score, train, checkpoint |
-//! | [`rollout::RolloutActor`] | `SyncArbiter` | plans groups, plays episodes, evaluates, collects demonstrations |
+//! | [`rollout::RolloutActor`] ×2 | `SyncArbiter` each | the producer plays the RL steps onto the bounded queue ([`rollout::RunRollouts`]); the other serves evaluations, demonstrations and resample rounds |
 //! | [`reward::RewardActor`] | async arbiter | final rewards and shaping |
 //! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint; records batches |
-//! | [`skills::SkillCreatorActor`] | async arbiter | writes skill entries from trajectories |
-//! | [`optimizer::OptimizerActor`] | `SyncArbiter` | old/ref log-probs, plugin signals, objective, update |
+//! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
+//! | [`optimizer::OptimizerActor`] | `SyncArbiter` | takes each step off the queue: staleness, ℓ_old / ℓ_ref, signals and resampling, objective, update, `observe` |
+//!
+//! [`host::KernelHost`] is the plugins' [`cairn_plugin_sdk::Host`]: messages to the policy, the
+//! bank and the skill creator, made from the rollout and optimizer threads.
 //!
 //! Actors hold `Recipient`s of their peers' messages; only [`start`] names concrete actor
 //! types. Messages carry plain data (ids, `f32` arrays, rows), never tensors.
