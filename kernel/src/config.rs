@@ -847,8 +847,14 @@ impl PipelineConfig {
     }
 
     /// Best-effort line number (1-based) of a dotted key such as `algorithm.config.omega`:
-    /// finds the innermost table header or inline table, then the key inside it.
+    /// finds the innermost table header or inline table, then the key inside it. A key of a
+    /// stack entry, `algorithm.stack[i].config.coef`, is looked up inside the `i`-th
+    /// `[[algorithm.stack]]` table.
     pub fn line_of(&self, dotted: &str) -> Option<usize> {
+        if let Some(rest) = dotted.strip_prefix("algorithm.stack[") {
+            let (index, key) = rest.split_once(']')?;
+            return self.stack_line_of(index.parse().ok()?, key.trim_start_matches('.'));
+        }
         let parts: Vec<&str> = dotted.split('.').collect();
         let lines: Vec<&str> = self.text.lines().collect();
         let mut section = String::new();
@@ -1022,7 +1028,10 @@ impl PipelineConfig {
         let table = match (section, &self.environment) {
             ("environment", Some(env)) => &env.config,
             ("environment", None) => &empty,
-            _ => &self.algorithm.config,
+            _ => match stack_index(section) {
+                Some(i) => self.algorithm.stack.get(i).map_or(&empty, |m| &m.config),
+                None => &self.algorithm.config,
+            },
         };
         // The key is the first backticked word the section's table has (a key the user set);
         // failing that, the first backticked word (a key the plugin defaulted).
@@ -1042,6 +1051,55 @@ impl PipelineConfig {
             file: self.source.clone(),
             message: format!("key `{key}`{line}: plugin `{plugin}` rejected its config: {message}"),
         }
+    }
+}
+
+/// `Some(i)` for the section name `algorithm.stack[i]`.
+fn stack_index(section: &str) -> Option<usize> {
+    section
+        .strip_prefix("algorithm.stack[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+impl PipelineConfig {
+    /// The line of `key` (`plugin`, `config`, `config.coef`, or empty for the header) in the
+    /// `index`-th `[[algorithm.stack]]` table.
+    fn stack_line_of(&self, index: usize, key: &str) -> Option<usize> {
+        let lines: Vec<&str> = self.text.lines().collect();
+        let header = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.trim() == "[[algorithm.stack]]")
+            .nth(index)?
+            .0;
+        if key.is_empty() {
+            return Some(header + 1);
+        }
+        let (first, inner) = key.split_once('.').unwrap_or((key, ""));
+        let block = lines[header + 1..]
+            .iter()
+            .take_while(|l| !l.trim_start().starts_with('['));
+        let mut fallback = None;
+        for (offset, raw) in block.enumerate() {
+            let line = raw.trim();
+            let Some((k, _)) = line.split_once('=') else {
+                continue;
+            };
+            if k.trim().trim_matches('"') != first {
+                continue;
+            }
+            let n = header + 2 + offset;
+            if inner.is_empty()
+                || line.contains(&format!("{inner} ="))
+                || line.contains(&format!("{inner}="))
+            {
+                return Some(n);
+            }
+            fallback = Some(n);
+        }
+        fallback.or(Some(header + 1))
     }
 }
 

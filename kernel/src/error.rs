@@ -8,6 +8,14 @@ use cairn_plugin_sdk::PluginError;
 /// involved, so the message tells the user what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Another process holds the run directory's lock.
+    #[error(
+        "run directory {} is in use by another process (pid {holder}): two runs in one \
+         directory would interleave its metrics and checkpoints; wait for it to finish, or give \
+         this run another --run-dir",
+        dir.display()
+    )]
+    RunLocked { dir: PathBuf, holder: String },
     // The I/O error is part of the message, not a `source` (callers print chains with `{:#}`
     // and would show it twice).
     #[error("{path}: {error}")]

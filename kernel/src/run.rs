@@ -115,6 +115,12 @@ pub struct RunDir {
     pub root: PathBuf,
 }
 
+/// Holds a run directory's lock ([`RunDir::lock`]) while alive.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
 impl RunDir {
     /// Creates the directory (and parents) if needed.
     pub fn create(root: &Path) -> Result<Self> {
@@ -122,6 +128,36 @@ impl RunDir {
         Ok(RunDir {
             root: root.to_path_buf(),
         })
+    }
+
+    /// Takes the run directory for this process: an exclusive advisory lock on `<run>/.lock`,
+    /// held until the returned guard drops (or the process dies: the OS releases it). A second
+    /// `cairn train` on the same directory would interleave metrics and checkpoints, so it is
+    /// refused with the holder's pid.
+    pub fn lock(&self) -> Result<RunLock> {
+        use std::io::Write;
+        let path = self.root.join(".lock");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                return Err(Error::RunLocked {
+                    dir: self.root.clone(),
+                    holder: holder.trim().to_string(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+        }
+        file.set_len(0).map_err(|e| Error::io(&path, e))?;
+        write!(file, "{}", std::process::id()).map_err(|e| Error::io(&path, e))?;
+        Ok(RunLock { _file: file })
     }
 
     pub fn metrics_path(&self) -> PathBuf {
@@ -158,6 +194,29 @@ impl RunDir {
             .ok()
             .and_then(|t| t.get("model").cloned())
             .and_then(|m| m.try_into::<crate::config::ModelConfig>().ok());
+        // The algorithm stack: its state in the checkpoint is keyed by position and name, and a
+        // resume with another stack would drop or misread it.
+        let saved_stack = toml::from_str::<toml::Table>(&text)
+            .ok()
+            .and_then(|t| t.get("algorithm").cloned())
+            .and_then(|a| a.try_into::<crate::config::AlgorithmSection>().ok())
+            .map(|a| a.label());
+        if let Some(saved_stack) = saved_stack {
+            let now = config.algorithm.label();
+            if saved_stack != now {
+                return Err(Error::Config {
+                    file: config.source.clone(),
+                    message: format!(
+                        "key `algorithm`: run directory {} was trained with the algorithm stack \
+                         `{saved_stack}`, this config has `{now}`; its checkpointed plugin \
+                         state belongs to that stack. Resume with the same `[algorithm]` and \
+                         `[[algorithm.stack]]`, pass --no-resume to start that run over, or \
+                         --run-dir to start a new run elsewhere",
+                        self.root.display()
+                    ),
+                });
+            }
+        }
         let Some(saved) = saved else {
             return Ok(());
         };

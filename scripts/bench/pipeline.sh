@@ -5,10 +5,11 @@
 # (`run.record_trajectories = true`, plus `cairn-bench bank-actor` timing the bank actor's
 # messages directly). See BENCHMARKS.md, "The actor pipeline".
 #
-#   scripts/bench/pipeline.sh                      # short runs: 4 variants x 2 rounds, 20 steps
+#   scripts/bench/pipeline.sh                      # 4 variants x 2 rounds of 20 steps (~35 min, 2 cores)
 #   scripts/bench/pipeline.sh --steps 30 --rounds 3 --variants sync,async
 #   scripts/bench/pipeline.sh --full --rounds 0    # only the whole main job, at k = 1 and k = 0
 #   scripts/bench/pipeline.sh --full-variants async --rounds 0   # the whole main job at k = 1
+#   scripts/bench/pipeline.sh --start-round 3 --rounds 1   # one more round, named r3 (odd: in order)
 #   scripts/bench/pipeline.sh --summary-only       # redo the tables from the run directories
 #
 # Variants: sync (the default config), async (max_staleness = 1), reuse
@@ -24,6 +25,7 @@ cd "$(dirname "$0")/../.."
 
 steps=20
 rounds=2
+start_round=1
 variants="sync,async,reuse,record"
 full=0
 full_variants="async,sync"
@@ -34,13 +36,14 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) steps="$2"; shift 2 ;;
         --rounds) rounds="$2"; shift 2 ;;
+        --start-round) start_round="$2"; shift 2 ;;
         --variants) variants="$2"; shift 2 ;;
         --full) full=1; shift ;;
         --full-variants) full=1; full_variants="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         --summary-only) summary_only=1; build=0; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -112,7 +115,7 @@ if [[ $summary_only == 0 ]]; then
         for v in "${flist[@]}"; do run "$v" "full-$v"; done
     fi
     IFS=, read -r -a list <<< "$variants"
-    for ((r = 1; r <= rounds; r++)); do
+    for ((r = start_round; r < start_round + rounds; r++)); do
         order=("${list[@]}")
         if ((r % 2 == 0)); then
             order=()
@@ -165,6 +168,8 @@ def load(name):
     # the step's rollout ran during the previous step and step_time_s is the wait plus this).
     other = med([s - r - tr for s, r, tr in zip(v("step_time_s"), v("rollout_time_s"),
                                                 v("train_time_s")) if None not in (s, r, tr)])
+    if any(x for x in v("staleness/max")):
+        other = None
     return dict(name=name, variant=open(os.path.join(meta, "variant")).read().strip(),
                 steps=len(rl), step_s=step, rollout_s=roll, train_s=train, other_s=other,
                 wall_step_s=wall_step, wall_s=wall, cpu_s=cpu, rss_mib=rss / 1024,
@@ -224,6 +229,13 @@ for rnd, vs in by_round.items():
         for k in ("step_s", "wall_step_s", "train_s", "other_s"):
             if r[k] is not None and base[k]:
                 ratios.setdefault(v, {}).setdefault(k, []).append(r[k] / base[k])
+full = {n[5:]: r for n, r in runs.items() if n.startswith("full-")}
+if "sync" in full:
+    for v, r in full.items():
+        if v != "sync":
+            for k in ("step_s", "wall_step_s", "train_s", "other_s"):
+                if r[k] is not None and full["sync"][k]:
+                    ratios.setdefault(f"full {v}", {}).setdefault(k, []).append(r[k] / full["sync"][k])
 for v, ks in ratios.items():
     cell = lambda k: "—" if k not in ks else (
         f"**{statistics.median(ks[k]):.3f}×** ({min(ks[k]):.3f}–{max(ks[k]):.3f})")

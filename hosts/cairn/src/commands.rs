@@ -282,9 +282,13 @@ mod with_torch {
             config.run.resume = false;
         }
         let started = std::time::Instant::now();
-        // Plugins first: a missing or broken one is reported before anything is written.
+        // Plugins first: a missing or broken one is reported before anything is written; so is
+        // a missing API key of the endpoint reflector.
         let plugins = setup::plugins(&config)?;
+        config.skills_api_key(|v| std::env::var(v).ok())?;
         let run = RunDir::create(&config.run.dir)?;
+        // Held until the run ends: a second `cairn train` on this directory is refused.
+        let _lock = run.lock()?;
         eprintln!("run directory: {}", run.root.display());
         if config.run.resume {
             run.check_resumable(&config)?;

@@ -102,7 +102,13 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
             .algorithm(name)
             .map_err(|e| config.error(&key, e))?
             .create_algorithm(&section.config_json())
-            .map_err(|e| plugin_error(config, "algorithm", name, e))?;
+            .map_err(|e| {
+                let section = match i {
+                    0 => "algorithm".to_string(),
+                    i => format!("algorithm.stack[{}]", i - 1),
+                };
+                plugin_error(config, &section, name, e)
+            })?;
         let requirements = algorithm
             .try_requirements()
             .with_context(|| format!("algorithm `{name}` ({key})"))?;

@@ -78,6 +78,11 @@ pub struct Hint {
 impl Hint {
     pub fn from_config_json(json: &str) -> Result<Self> {
         let config: HintConfig = cairn_plugin_sdk::config::parse_config(json)?;
+        if config.hint.trim().is_empty() {
+            return Err(PluginError::config(
+                "`hint` is empty: give the text to inject into hinted prompts",
+            ));
+        }
         if !(config.coef >= 0.0 && config.coef.is_finite()) {
             return Err(PluginError::config(format!(
                 "`coef` = {} must be a finite number >= 0",
@@ -503,5 +508,7 @@ mod tests {
         );
         let e = Hint::from_config_json(r#"{"coef": -1}"#).err().unwrap();
         assert!(e.message.starts_with("`coef` = -1"), "{e}");
+        let e = Hint::from_config_json(r#"{"hint": " "}"#).err().unwrap();
+        assert!(e.message.starts_with("`hint` is empty"), "{e}");
     }
 }

@@ -101,7 +101,7 @@ const MAX_ATTEMPTS: u32 = 10_000;
 /// The split a task signature belongs to: a fixed hash decides, so a task (layout and goal)
 /// can only ever be generated for one split.
 pub fn split_of_signature(signature: &str) -> Split {
-    if mix(fnv1a(signature)) % TEST_SHARE == 0 {
+    if mix(fnv1a(signature)).is_multiple_of(TEST_SHARE) {
         Split::Test
     } else {
         Split::Train

@@ -193,6 +193,56 @@ fn a_scaffold_plugin_stacked_on_grpo_plans_hints_turn_by_turn_and_distills_them(
     let state: serde_json::Value = serde_json::from_str(&state).unwrap();
     let hint: serde_json::Value = serde_json::from_str(state["1:hint"].as_str().unwrap()).unwrap();
     assert_eq!(hint["steps"], 3, "{hint}");
+
+    // Resuming the run with another stack would drop the hint's state: refused up front.
+    let plain = hint_stack(&run, "").replace("steps = 3", "steps = 4");
+    let plain = write_config(tmp.path(), "plain.toml", &plain);
+    let out = cairn(&["train", plain.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("was trained with the algorithm stack `grpo+hint`, this config has `grpo`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_training_on_the_same_run_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "long.toml", &crate::tiny_config(&run, 200));
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["train", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the first run holds the directory (its pid in the lock file).
+    let lock = run.join(".lock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(&lock).map_or(true, |t| t.trim().is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first run never took the lock"
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first run ended early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "is in use by another process (pid {})",
+            first.id()
+        )),
+        "{err}"
+    );
 }
 
 #[test]
@@ -207,9 +257,20 @@ fn a_bad_stack_is_refused_with_its_key_and_line() {
         assert!(err.contains(expected), "expected `{expected}` in: {err}");
         assert!(!run.exists(), "nothing is written for a bad stack");
     };
+    // In the stacked golden config `[algorithm]` is on lines 12–13, so the first stack entry's
+    // header is line 15 and its keys follow.
     check(
         "\n[[algorithm.stack]]\nplugin = \"gigpo\"",
-        "key `algorithm.stack[0].plugin`",
+        "key `algorithm.stack[0].plugin`, line 16",
+    );
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"hint\"\nconfig = { coef = -1 }",
+        "key `algorithm.stack[0].config.coef`, line 17: plugin `hint` rejected its config: \
+         `coef` = -1 must be a finite number >= 0",
+    );
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"hint\"\nconfig = { coeff = 1 }",
+        "key `algorithm.stack[0].config.coeff`, line 17",
     );
     check(
         "\n[[algorithm.stack]]\nplugin = \"gigpo\"",

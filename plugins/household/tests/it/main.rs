@@ -87,13 +87,13 @@ pub fn scripted(seed: u64) -> impl FnMut(&dyn Episode, u32) -> String {
             "look .",
             "  put  ",
         ];
-        if h % 5 == 0 {
+        if h.is_multiple_of(5) {
             return JUNK[(h / 5 % JUNK.len() as u64) as usize].to_string();
         }
         let actions = episode.observation().admissible_actions;
         let action = &actions[(h / 5 % actions.len() as u64) as usize];
         // Loose whitespace and case must be accepted as the same action.
-        if h % 7 == 0 {
+        if h.is_multiple_of(7) {
             format!("  {}\n", action.to_uppercase())
         } else {
             action.clone()
