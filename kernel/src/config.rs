@@ -558,9 +558,18 @@ impl PipelineConfig {
     /// Parses and validates a config. `source` names it in errors (a path, or
     /// `<embedded default>`).
     pub fn parse(text: &str, source: &str) -> Result<Self> {
-        let mut config: PipelineConfig = toml::from_str(text).map_err(|e| Error::Config {
-            file: source.to_string(),
-            message: e.to_string().trim_end().to_string(),
+        let mut config: PipelineConfig = toml::from_str(text).map_err(|e| {
+            let mut message = e.to_string().trim_end().to_string();
+            if message.contains("algorithm.stack") && message.contains("expected a sequence") {
+                message.push_str(
+                    "\nstack entries are an array of tables: write each as `[[algorithm.stack]]` \
+                     (double brackets), one per plugin",
+                );
+            }
+            Error::Config {
+                file: source.to_string(),
+                message,
+            }
         })?;
         config.source = source.to_string();
         config.text = text.to_string();
@@ -1174,6 +1183,22 @@ pub fn check_services(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_stack_entry_in_single_brackets_says_to_use_double_ones() {
+        let text = MINIMAL.replace(
+            "[algorithm]\nplugin = \"grpo\"\n",
+            "[algorithm]\nplugin = \"grpo\"\n[algorithm.stack]\nplugin = \"hint\"\n",
+        );
+        assert_ne!(text, MINIMAL);
+        let e = PipelineConfig::parse(&text, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("write each as `[[algorithm.stack]]` (double brackets)"),
+            "{e}"
+        );
+    }
 
     /// A small valid pipeline config (also used by `run.rs` tests).
     pub(crate) const MINIMAL: &str = r#"

@@ -39,6 +39,14 @@ pub enum Error {
         available: String,
     },
 
+    /// A plugin of the other kind has the name (an environment named as an algorithm).
+    #[error("`{name}` is an {is} plugin, not an {wanted} plugin: name it where an {is} goes (`[environment]` for an environment, `[algorithm]` or `[[algorithm.stack]]` for an algorithm)")]
+    WrongPluginKind {
+        name: String,
+        is: &'static str,
+        wanted: &'static str,
+    },
+
     #[error("{0}")]
     Plugin(#[from] PluginError),
 

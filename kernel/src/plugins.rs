@@ -100,6 +100,19 @@ impl PluginRegistry {
     }
 
     fn get(&self, kind: PluginKind, name: &str) -> Result<&LoadedPlugin> {
+        if let Some(other) = self
+            .plugins
+            .iter()
+            .find(|p| p.info.kind != kind && p.info.name == name)
+        {
+            if self.find(kind, name).is_none() {
+                return Err(Error::WrongPluginKind {
+                    name: name.to_string(),
+                    is: other.info.kind.as_str(),
+                    wanted: kind.as_str(),
+                });
+            }
+        }
         self.find(kind, name).ok_or_else(|| {
             let available: Vec<&str> = self
                 .plugins

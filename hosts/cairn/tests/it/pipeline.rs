@@ -277,6 +277,11 @@ fn a_bad_stack_is_refused_with_its_key_and_line() {
         "`gigpo` is an advantage estimator, and `grpo` already gives the advantages",
     );
     check(
+        "\n[[algorithm.stack]]\nplugin = \"household\"",
+        "key `algorithm.stack[0].plugin`, line 16: `household` is an environment plugin, not an \
+         algorithm plugin",
+    );
+    check(
         "\n[[algorithm.stack]]\nplugin = \"hint\"\n[[algorithm.stack]]\nplugin = \"hint\"",
         "`hint` and `hint` both plan the rollout slots; a stack has at most one planner",
     );
