@@ -1,6 +1,8 @@
 //! The actor pipeline on a tiny model: at `rollout.max_staleness = 0` it reproduces, to the
 //! last bit, the metric stream of the trainer it replaced (`tests/fixtures/sync-golden/`, see
-//! its README), and with `max_staleness = 1` it trains with rows at most one version old.
+//! its README); with `max_staleness = 2` (one RL step of lead at two updates per batch) no row
+//! trains past the bound; a scaffold plugin stacked on `grpo` works end to end through the
+//! `.so`; bad stacks, another stack on resume and a second run on one directory are refused.
 
 use std::path::Path;
 
@@ -59,7 +61,7 @@ fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
 }
 
 #[test]
-fn async_pipeline_trains_with_rows_at_most_one_version_old() {
+fn async_pipeline_runs_one_step_ahead_and_never_trains_rows_past_the_bound() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let cfg = golden_config(tmp.path(), &run, "max_staleness = 2");
