@@ -126,8 +126,10 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
             clock: clock.clone(),
         }),
     };
-    let mut optimizer = cairn_kernel::actors::optimizer::OptimizerSettings::from_config(&config);
-    optimizer.plugin_reads_reference = plugins.algorithm.requirements().ref_logprobs;
+    let optimizer = cairn_kernel::actors::optimizer::OptimizerSettings::from_config(
+        &config,
+        &plugins.algorithm.requirements(),
+    );
     let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
         Arc::new(Mutex::new(Box::new(TimedAlgorithm {
             inner: Box::new(plugins.algorithm),

@@ -174,8 +174,12 @@ impl AlgorithmSection {
 
 /// Lives here for the same reason as `RolloutSettings::from_config`.
 impl crate::actors::optimizer::OptimizerSettings {
-    /// The optimizer actor's settings of a pipeline config.
-    pub fn from_config(config: &PipelineConfig) -> Self {
+    /// The optimizer actor's settings of a pipeline config whose algorithm stack needs
+    /// `requirements` (a plugin reading `ref_logprobs` keeps the reference pass on).
+    pub fn from_config(
+        config: &PipelineConfig,
+        requirements: &cairn_plugin_sdk::Requirements,
+    ) -> Self {
         let (r, o) = (&config.rollout, &config.optimizer);
         crate::actors::optimizer::OptimizerSettings {
             micro_batch_rows: o.micro_batch_rows,
@@ -185,7 +189,7 @@ impl crate::actors::optimizer::OptimizerSettings {
             max_resample_rounds: r.max_resample_rounds,
             max_staleness: r.max_staleness,
             reuse_rollout_logprobs: o.reuse_rollout_logprobs,
-            plugin_reads_reference: false,
+            plugin_reads_reference: requirements.ref_logprobs,
         }
     }
 }

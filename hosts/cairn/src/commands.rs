@@ -227,8 +227,7 @@ mod with_torch {
         };
         let builder = setup::prompt_builder(config, &tokenizer)?;
         let backend = setup::backend(config, tokenizer.vocab_size())?;
-        let mut optimizer = OptimizerSettings::from_config(config);
-        optimizer.plugin_reads_reference = plugins.algorithm.requirements().ref_logprobs;
+        let optimizer = OptimizerSettings::from_config(config, &plugins.algorithm.requirements());
         let algorithm: Arc<Mutex<Box<dyn Algorithm>>> =
             Arc::new(Mutex::new(Box::new(plugins.algorithm)));
         let env: Arc<dyn Environment> = plugins.env;

@@ -247,7 +247,7 @@ impl OptimizerActor {
             collected.extend(more);
         };
         let mut signals = signals;
-        self.fill_extra_rows(&mut signals.extra_rows, version_now)?;
+        self.fill_extra_rows(&mut signals.extra_rows)?;
 
         for (k, v) in crate::objective::metrics::batch_metrics(&collected.batch, &signals) {
             values.insert(k, json!(v));
@@ -410,7 +410,7 @@ impl OptimizerActor {
     }
 
     /// `ℓ_old` (and `ℓ_ref`) of a plugin's extra rows, under their training prompts.
-    fn fill_extra_rows(&self, rows: &mut [TurnRow], _version_now: u64) -> Result<()> {
+    fn fill_extra_rows(&self, rows: &mut [TurnRow]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }

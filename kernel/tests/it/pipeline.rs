@@ -301,8 +301,7 @@ fn run(toml: &str, drop_first_group: bool) -> Run {
         log: log.clone(),
         drop_first_group,
     })));
-    let mut optimizer = OptimizerSettings::from_config(&config);
-    optimizer.plugin_reads_reference = false;
+    let optimizer = OptimizerSettings::from_config(&config, &algorithm.lock().requirements());
     let parts = PipelineParts {
         backend: Box::new(Counting {
             inner: NullBackend {
