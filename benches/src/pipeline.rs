@@ -99,8 +99,9 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
 
     // Built exactly as `cairn train` builds it.
     let plugins = setup::plugins(&config)?;
+    let knowledge = setup::keeps_knowledge(&config, &plugins.algorithm.requirements());
     let env = plugins.env;
-    let tokenizer = setup::tokenizer(&config, &run.root, env.as_ref())?;
+    let tokenizer = setup::tokenizer(&config, &run.root, env.as_ref(), knowledge)?;
     let builder = setup::prompt_builder(&config, &tokenizer)?;
     let clock = Clock::default();
     let backend: Box<dyn PolicyBackend> = match args.backend {

@@ -377,6 +377,20 @@ pub struct WarmStartConfig {
     /// Rows per optimizer step.
     #[serde(default = "default_sft_batch")]
     pub batch_rows: usize,
+    /// Share of the demonstration episodes (0 to 1, spread evenly over them) whose prompts
+    /// carry that episode's own solution as an injected experience, in the text the
+    /// skill creator's `template` reflector writes (`solved in {n} turns: {a_0}; …`). It
+    /// teaches a small policy the *format* of injected knowledge (EDGE, ReSkill, Pats), not
+    /// the answers of other tasks. Default 0.
+    #[serde(default)]
+    pub hinted_share: f64,
+    /// Also train on expert episodes the expert did not finish within the rollout's turn
+    /// limit (their turns are still the expert's moves). Default false: only solved episodes.
+    /// Where the expert searches blind and the limit is tight (the household's knowledge
+    /// regime), keeping only the solved ones would keep the tasks whose answer happened to
+    /// come early, and so teach answers.
+    #[serde(default)]
+    pub keep_unsolved: bool,
 }
 
 fn default_sft_batch() -> usize {
@@ -696,6 +710,15 @@ impl PipelineConfig {
                 return Err(self.error(
                     "warm_start",
                     "epochs and batch_rows must be >= 1 and lr > 0",
+                ));
+            }
+            if !(0.0..=1.0).contains(&w.hinted_share) {
+                return Err(self.error(
+                    "warm_start.hinted_share",
+                    format!(
+                        "is {}, must be a share between 0 and 1 (0: no hinted demonstrations)",
+                        w.hinted_share
+                    ),
                 ));
             }
         }

@@ -57,6 +57,11 @@ pub struct TrainerState {
     pub next_group_id: u64,
     /// Global step counter of `metrics.jsonl` (SFT and RL steps).
     pub global_step: u64,
+    /// Identity of the run, drawn when it starts fresh and stamped on its experience bank, so
+    /// a resume refuses a bank snapshot copied from another run. Empty in checkpoints from
+    /// before run ids (then nothing is checked).
+    #[serde(default)]
+    pub run_id: String,
 }
 
 impl Default for TrainerState {
@@ -67,8 +72,18 @@ impl Default for TrainerState {
             rl_steps: 0,
             next_group_id: 0,
             global_step: 0,
+            run_id: String::new(),
         }
     }
+}
+
+/// A new run id: the start time in nanoseconds and the process id, in hex. Unique per start on
+/// one machine; it never enters the numbers a run computes.
+pub fn new_run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}-{:x}", std::process::id())
 }
 
 /// One line of `metrics.jsonl`. Fields that do not apply to a phase are absent.

@@ -120,9 +120,22 @@ impl Trainer<'_> {
                 // The bank as it was at the checkpoint; a checkpoint from before the bank
                 // existed had none, so the bank starts empty.
                 if crate::bank::snapshot_path(&dir).is_file() {
-                    ask(&self.pipeline.bank, RestoreBank { dir: dir.clone() }).await??;
+                    ask(
+                        &self.pipeline.bank,
+                        RestoreBank {
+                            dir: dir.clone(),
+                            run_id: run_id(&state),
+                        },
+                    )
+                    .await??;
                 } else {
-                    ask(&self.pipeline.bank, ResetBank).await??;
+                    ask(
+                        &self.pipeline.bank,
+                        ResetBank {
+                            run_id: run_id(&state),
+                        },
+                    )
+                    .await??;
                 }
                 let algo_state = dir.join("algorithm.state");
                 if algo_state.is_file() {
@@ -161,8 +174,16 @@ impl Trainer<'_> {
                     &self.run.root.join("config.toml"),
                     self.config.text.as_bytes(),
                 )?;
-                // A fresh start: entries an earlier attempt wrote into the run's bank go.
-                ask(&self.pipeline.bank, ResetBank).await??;
+                // A fresh start: entries an earlier attempt wrote into the run's bank go, and
+                // the bank is stamped with the new run's id.
+                state.run_id = crate::run::new_run_id();
+                ask(
+                    &self.pipeline.bank,
+                    ResetBank {
+                        run_id: run_id(&state),
+                    },
+                )
+                .await??;
             }
         }
 
@@ -215,13 +236,16 @@ impl Trainer<'_> {
             CollectDemonstrations {
                 episodes: ws.demonstrations,
                 seed: mix(seed, 0xD3),
+                hinted_share: ws.hinted_share,
+                keep_unsolved: ws.keep_unsolved,
             },
         )
         .await??;
         self.emit(Event::Note(format!(
-            "warm start: {} expert turns from {} demonstrations ({failed} unsolved by the expert, skipped)",
+            "warm start: {} expert turns from {} demonstrations ({failed} unsolved by the expert, {})",
             demos.len(),
-            ws.demonstrations
+            ws.demonstrations,
+            if ws.keep_unsolved { "kept" } else { "skipped" }
         )));
         if demos.is_empty() {
             return Err(Error::Other(
@@ -419,10 +443,25 @@ impl Trainer<'_> {
                 tasks: e.tasks,
                 temperature: e.temperature,
                 seed: mix(self.config.run.seed, 0xE7A1),
-                record: false,
+                record: self.config.run.record_trajectories,
             },
         )
         .await??;
+        let mut report = report;
+        if !report.rows.is_empty() {
+            let batch = cairn_plugin_sdk::Batch {
+                step: state.global_step,
+                rows: std::mem::take(&mut report.rows),
+            };
+            ask(
+                &self.pipeline.bank,
+                crate::actors::bank::RecordEvaluation {
+                    label: label.to_string(),
+                    batch,
+                },
+            )
+            .await??;
+        }
         let mut line = serde_json::to_value(&report).expect("eval report serialises");
         if let Value::Object(m) = &mut line {
             m.insert("step".into(), json!(state.global_step));
@@ -456,6 +495,11 @@ impl Trainer<'_> {
         prune_checkpoints(&self.run, &dir, 2)?;
         Ok(())
     }
+}
+
+/// The run id to check the bank against (`None` for checkpoints from before run ids).
+fn run_id(state: &TrainerState) -> Option<String> {
+    (!state.run_id.is_empty()).then(|| state.run_id.clone())
 }
 
 fn read_evals(run: &RunDir) -> Result<Vec<(String, EvalReport)>> {

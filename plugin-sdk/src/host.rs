@@ -157,7 +157,9 @@ pub trait Host {
         unavailable("skill creator")
     }
 
-    /// Logs a scalar metric for the current step.
+    /// Logs a scalar metric for the current step (`metrics.jsonl`). From `plan_group` and
+    /// `next_context`, which run once per group or per turn, the step's values of one name are
+    /// summed (log counts there); from `signals` and `observe`, the last value of a name wins.
     fn log_metric(&self, _name: &str, _value: f64) {}
 }
 

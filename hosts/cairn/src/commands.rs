@@ -9,7 +9,7 @@ use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
 use cairn_plugin_sdk::Batch;
 
 /// `cairn compare LABEL=RUN_DIR ...`.
-pub fn compare(pairs: &[String], out: &Path) -> Result<()> {
+pub fn compare(pairs: &[String], metrics: &[String], out: &Path) -> Result<()> {
     let mut groups: Vec<crate::plot::RunGroup> = Vec::new();
     for pair in pairs {
         let Some((label, dir)) = pair.split_once('=') else {
@@ -23,7 +23,7 @@ pub fn compare(pairs: &[String], out: &Path) -> Result<()> {
             }),
         }
     }
-    let table = crate::plot::compare_runs(&groups, out)?;
+    let table = crate::plot::compare_runs(&groups, metrics, out)?;
     print!("{table}");
     eprintln!("plot: {}", out.display());
     Ok(())
@@ -217,7 +217,12 @@ mod with_torch {
         // its checkpoint's snapshot into it) and never touches the run's file.
         let (tokenizer, bank) = match source {
             TokenizerSource::Training => (
-                setup::tokenizer(config, &run.root, plugins.env.as_ref())?,
+                setup::tokenizer(
+                    config,
+                    &run.root,
+                    plugins.env.as_ref(),
+                    setup::keeps_knowledge(config, &plugins.algorithm.requirements()),
+                )?,
                 config.bank.open(&run.root)?,
             ),
             TokenizerSource::Run => (

@@ -123,6 +123,10 @@ enum Command {
         /// Where to write the PNG.
         #[arg(long, default_value = "comparison.png")]
         out: PathBuf,
+        /// Training metric to draw (a key of `metrics.jsonl`); repeat for several curves per
+        /// algorithm, e.g. `--metric edge/success_e --metric edge/success_n`.
+        #[arg(long = "metric", value_name = "KEY", default_value = "success_rate")]
+        metrics: Vec<String>,
     },
     /// Serve a pipeline's model through the OpenAI-compatible gateway (docs/gateway.md).
     #[cfg(feature = "torch")]
@@ -223,7 +227,7 @@ fn main() -> ExitCode {
             set,
         } => commands::loss(&batch, aggregation, micro_batches, kl, kl_coef, &set),
         Command::Plot { run_dir } => plot::plot_run(&run_dir).map(|p| println!("{}", p.display())),
-        Command::Compare { runs, out } => commands::compare(&runs, &out),
+        Command::Compare { runs, out, metrics } => commands::compare(&runs, &metrics, &out),
         #[cfg(feature = "torch")]
         Command::Serve {
             config,

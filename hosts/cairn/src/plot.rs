@@ -265,10 +265,12 @@ fn eval_rate(run: &Path, label: &str) -> Result<f64> {
         })
 }
 
-/// Compares algorithms run with several seeds: writes a PNG of the mean training success
-/// curve of each (band: ± one std across seeds) and returns a Markdown table of held-out
-/// success after the warm start and after RL (mean ± std across seeds, sample std).
-pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
+/// Compares algorithms run with several seeds: writes a PNG of the mean curve of each
+/// training metric in `metrics` (keys of `metrics.jsonl`, e.g. `success_rate`; band: ± one std
+/// across seeds; a step where a run did not report the metric is left out of that run) for
+/// each algorithm, and returns a Markdown table of held-out success after the warm start and
+/// after RL (mean ± std across seeds, sample std).
+pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Result<String> {
     let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     let mut table = String::from(
         "| algorithm | seeds | held-out success after warm start | held-out success after RL |\n|---|---|---|---|\n",
@@ -296,54 +298,96 @@ pub fn compare_runs(groups: &[RunGroup], out: &Path) -> Result<String> {
             am * 100.0,
             as_ * 100.0
         ));
-        // Mean training success per RL step across seeds.
-        let per_run: Vec<Vec<f64>> = g
-            .runs
-            .iter()
-            .map(|r| {
-                let raw: Vec<f64> = load(r)?
-                    .rl
-                    .iter()
-                    .filter_map(|(_, m)| m.get("success_rate").and_then(Value::as_f64))
-                    .collect();
-                Ok(trailing_mean(&raw, SMOOTHING_STEPS))
-            })
-            .collect::<Result<_>>()?;
-        let steps = per_run.iter().map(Vec::len).min().unwrap_or(0);
-        let curve: Vec<(f64, f64, f64)> = (0..steps)
-            .map(|i| {
-                let xs: Vec<f64> = per_run.iter().map(|r| r[i]).collect();
-                let (m, s) = mean_std(&xs);
-                ((i + 1) as f64, m, s)
-            })
-            .collect();
-        curves.push((g.label.clone(), curve));
+        // Mean of each metric per RL step across the seeds that report it there.
+        for metric in metrics {
+            let per_run: Vec<std::collections::BTreeMap<usize, f64>> = g
+                .runs
+                .iter()
+                .map(|r| {
+                    let raw: Vec<(usize, f64)> = load(r)?
+                        .rl
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, (_, m))| {
+                            m.get(metric).and_then(Value::as_f64).map(|v| (i, v))
+                        })
+                        .collect();
+                    let values: Vec<f64> = raw.iter().map(|&(_, v)| v).collect();
+                    let smooth = trailing_mean(&values, SMOOTHING_STEPS);
+                    Ok(raw.iter().map(|&(i, _)| i).zip(smooth).collect())
+                })
+                .collect::<Result<_>>()?;
+            let steps: std::collections::BTreeSet<usize> =
+                per_run.iter().flat_map(|r| r.keys().copied()).collect();
+            let curve: Vec<(f64, f64, f64)> = steps
+                .into_iter()
+                .map(|i| {
+                    let xs: Vec<f64> = per_run.iter().filter_map(|r| r.get(&i).copied()).collect();
+                    let (m, s) = mean_std(&xs);
+                    ((i + 1) as f64, m, s)
+                })
+                .collect();
+            if curve.is_empty() {
+                anyhow::bail!(
+                    "no run of `{}` reports the metric `{metric}` in metrics.jsonl",
+                    g.label
+                );
+            }
+            let label = if metrics.len() == 1 {
+                g.label.clone()
+            } else {
+                format!("{}: {metric}", g.label)
+            };
+            curves.push((label, curve));
+        }
     }
     let root = BitMapBackend::new(out, (1100, 650)).into_drawing_area();
     root.fill(&WHITE)?;
-    let x1 = curves.iter().map(|(_, c)| c.len()).max().unwrap_or(1) as f64;
+    let x1 = curves
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let top = curves
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|p| p.1 + p.2))
+        .fold(0.0, f64::max);
+    // Rates are drawn on [0, 1]; anything larger (a bank size) on [0, max · 1.05].
+    let (y1, unit_cap) = if top <= 1.0 {
+        (1.0, 1.0)
+    } else {
+        (top * 1.05, f64::INFINITY)
+    };
+    let what = if metrics.len() == 1 && metrics[0] == "success_rate" {
+        "training success rate".to_string()
+    } else {
+        metrics.join(", ")
+    };
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
-                "training success rate per RL step ({SMOOTHING_STEPS}-step trailing mean; mean ± std over seeds)"
+                "{what} per RL step ({SMOOTHING_STEPS}-step trailing mean; mean ± std over seeds)"
             ),
             ("sans-serif", 22),
         )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(1.0..x1.max(2.0), 0.0..1.0)?;
+        .build_cartesian_2d(1.0..x1.max(2.0), 0.0..y1)?;
     chart
         .configure_mesh()
         .x_desc("RL step")
-        .y_desc("success rate")
+        .y_desc(if metrics.len() == 1 {
+            metrics[0].as_str()
+        } else {
+            "value"
+        })
         .draw()?;
     let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
     for (i, (label, curve)) in curves.iter().enumerate() {
         let color = palette[i % palette.len()];
         let band: Vec<(f64, f64)> = curve
             .iter()
-            .map(|&(x, m, s)| (x, (m + s).min(1.0)))
+            .map(|&(x, m, s)| (x, (m + s).min(unit_cap)))
             .chain(curve.iter().rev().map(|&(x, m, s)| (x, (m - s).max(0.0))))
             .collect();
         chart.draw_series(std::iter::once(Polygon::new(

@@ -14,7 +14,7 @@ use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
 use cairn_kernel::stack::{Member, Stack};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_plugin_sdk::foreign::ForeignAlgorithm;
-use cairn_plugin_sdk::{Environment, ErrorKind, PluginError};
+use cairn_plugin_sdk::{Environment, ErrorKind, PluginError, Requirements};
 use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
 
 /// The `policy/` directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`), checked to
@@ -131,11 +131,25 @@ const IM_END: &str = "<|im_end|>";
 /// The policy's tokenizer for training: the model directory's, or (scratch models) one trained
 /// on the environment's training-task text and kept in `<run>/tokenizer/`, so a resumed run or
 /// an evaluation reuses it.
+///
+/// A trained tokenizer also always holds the skill creator's template words
+/// ([`cairn_kernel::skills::template::TEMPLATE_WORDS`]) when `knowledge` is set: the stack
+/// keeps bank entries or reflects, or the warm start shows hinted demonstrations. (Without
+/// it the vocabulary is the environment's alone, as before.)
 pub fn tokenizer(
     config: &PipelineConfig,
     run_dir: &Path,
     env: &dyn Environment,
+    knowledge: bool,
 ) -> Result<Tokenizer> {
+    let mut words = WordLevelConfig::default();
+    if knowledge {
+        words.required_words.extend(
+            cairn_kernel::skills::template::TEMPLATE_WORDS
+                .iter()
+                .map(|w| w.to_string()),
+        );
+    }
     let dir = tokenizer_dir(config, run_dir);
     // A model directory or a given tokenizer directory is loaded as is; a scratch model's
     // tokenizer is trained once into the run directory, then reused.
@@ -150,16 +164,27 @@ pub fn tokenizer(
         let text = std::fs::read_to_string(path).with_context(|| {
             format!("model.scratch.tokenizer_corpus: reading {}", path.display())
         })?;
-        let tokenizer = train_word_level(text.lines(), &WordLevelConfig::default())?;
+        let tokenizer = train_word_level(text.lines(), &words)?;
         tokenizer.save(&dir)?;
         return Ok(Tokenizer::from_dir(&dir)?);
     }
     let max_turns = config.rollout.max_turns.max(env.info().max_turns);
     let corpus = cairn_kernel::rollout::corpus(env, scratch.tokenizer_episodes, max_turns)
         .context("collecting environment text for the tokenizer")?;
-    let tokenizer = train_word_level(corpus, &WordLevelConfig::default())?;
+    let tokenizer = train_word_level(corpus, &words)?;
     tokenizer.save(&dir)?;
     Ok(Tokenizer::from_dir(&dir)?)
+}
+
+/// Whether the pipeline shows the policy bank entries: a stack that keeps entries or reflects,
+/// or a warm start with hinted demonstrations.
+pub fn keeps_knowledge(config: &PipelineConfig, requirements: &Requirements) -> bool {
+    !requirements.bank.is_empty()
+        || requirements.reflection
+        || config
+            .warm_start
+            .as_ref()
+            .is_some_and(|w| w.hinted_share > 0.0)
 }
 
 /// The directory of the policy's tokenizer files: the model directory, the configured

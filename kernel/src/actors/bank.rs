@@ -60,6 +60,36 @@ impl Handler<RecordBatch> for ExperienceBankActor {
     }
 }
 
+/// Record the rows of a held-out evaluation (`trajectories/eval-{label}-{step}.json`, the
+/// batch form) when recording is on: the evidence that evaluations play the plain policy
+/// (no scaffold, experience or skill ever reaches an evaluation prompt).
+#[derive(Message)]
+#[rtype(result = "Result<Option<PathBuf>>")]
+pub struct RecordEvaluation {
+    pub label: String,
+    pub batch: Batch,
+}
+
+impl Handler<RecordEvaluation> for ExperienceBankActor {
+    type Result = Result<Option<PathBuf>>;
+    fn handle(&mut self, msg: RecordEvaluation, _: &mut Self::Context) -> Self::Result {
+        let Some(dir) = &self.record_dir else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let label: String = msg
+            .label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = dir.join(format!("eval-{label}-step-{:06}.json", msg.batch.step));
+        let text = serde_json::to_string(&msg.batch)
+            .map_err(|e| Error::Other(format!("serialising evaluation rows: {e}")))?;
+        crate::run::write_atomic(&path, text.as_bytes())?;
+        Ok(Some(path))
+    }
+}
+
 /// Top-k entries for a query, best first ([`Bank::query`]).
 #[derive(Message)]
 #[rtype(result = "Result<Vec<Retrieved>>")]
@@ -134,12 +164,29 @@ impl Handler<CheckpointBank> for ExperienceBankActor {
 #[rtype(result = "Result<()>")]
 pub struct RestoreBank {
     pub dir: PathBuf,
+    /// The run the checkpoint belongs to (`TrainerState::run_id`); a snapshot stamped with
+    /// another run is refused. `None` (a checkpoint from before run ids): not checked.
+    pub run_id: Option<String>,
 }
 
 impl Handler<RestoreBank> for ExperienceBankActor {
     type Result = Result<()>;
     fn handle(&mut self, msg: RestoreBank, _: &mut Self::Context) -> Self::Result {
-        self.bank.restore_from(&snapshot_path(&msg.dir))
+        let path = snapshot_path(&msg.dir);
+        if let Some(expected) = &msg.run_id {
+            // Checked on the snapshot itself, before anything is copied into the run's bank.
+            let found = Bank::open_read_only(&path)?.run_id()?;
+            if let Some(found) = found.filter(|f| f != expected) {
+                return Err(Error::Other(format!(
+                    "{}: this bank snapshot belongs to run `{found}`, but the checkpoint's \
+                     trainer state is run `{expected}`: the bank was copied from another run. \
+                     Put back this checkpoint's own bank.sqlite, or start over with \
+                     --no-resume; the run's bank was left as it was",
+                    path.display()
+                )));
+            }
+        }
+        self.bank.restore_from(&path)
     }
 }
 
@@ -147,12 +194,19 @@ impl Handler<RestoreBank> for ExperienceBankActor {
 /// checkpoint to restore.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
-pub struct ResetBank;
+pub struct ResetBank {
+    /// Stamped on the emptied bank (`TrainerState::run_id`).
+    pub run_id: Option<String>,
+}
 
 impl Handler<ResetBank> for ExperienceBankActor {
     type Result = Result<()>;
-    fn handle(&mut self, _: ResetBank, _: &mut Self::Context) -> Self::Result {
-        self.bank.reset()
+    fn handle(&mut self, msg: ResetBank, _: &mut Self::Context) -> Self::Result {
+        self.bank.reset()?;
+        if let Some(id) = &msg.run_id {
+            self.bank.set_run_id(id)?;
+        }
+        Ok(())
     }
 }
 
@@ -246,13 +300,17 @@ mod tests {
                 .unwrap()
                 .unwrap_err();
             assert!(matches!(err, Error::BankNoEntry { id: 9, .. }), "{err}");
-            addr.send(RestoreBank { dir: checkpoint })
-                .await
-                .unwrap()
-                .unwrap();
+            addr.send(RestoreBank {
+                dir: checkpoint.clone(),
+                run_id: None,
+            })
+            .await
+            .unwrap()
+            .unwrap();
             let missing = addr
                 .send(RestoreBank {
                     dir: run.join("checkpoints/none"),
+                    run_id: None,
                 })
                 .await
                 .unwrap()
@@ -276,5 +334,64 @@ mod tests {
             .map(|e| (e.id, e.stats.exposures))
             .collect();
         assert_eq!(got, [(1, 0), (2, 1)]);
+    }
+
+    /// A fresh start stamps the bank with its run id; a resume refuses a snapshot stamped with
+    /// another run, before it copies anything, and takes its own.
+    #[test]
+    fn a_snapshot_from_another_run_is_refused_and_the_bank_is_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        let checkpoint = run.join("checkpoints/step-000001");
+        let bank = Bank::open(&bank_path(&run)).unwrap();
+        actix::System::new().block_on(async move {
+            let bank = std::sync::Mutex::new(Some(bank));
+            let addr = SyncArbiter::start(1, move || {
+                let bank = bank.lock().expect("one thread").take().expect("built once");
+                ExperienceBankActor::new(bank, None)
+            });
+            let reset = |id: &str| ResetBank {
+                run_id: Some(id.into()),
+            };
+            addr.send(reset("run-a")).await.unwrap().unwrap();
+            addr.send(put(&["from run a"], 1)).await.unwrap().unwrap();
+            addr.send(CheckpointBank {
+                dir: checkpoint.clone(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            // Run b starts fresh in the same bank file and writes its own entry.
+            addr.send(reset("run-b")).await.unwrap().unwrap();
+            addr.send(put(&["from run b"], 1)).await.unwrap().unwrap();
+            let restore = |id: &str| RestoreBank {
+                dir: checkpoint.clone(),
+                run_id: Some(id.into()),
+            };
+            let err = addr.send(restore("run-b")).await.unwrap().unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.contains("belongs to run `run-a`")
+                    && message.contains("trainer state is run `run-b`"),
+                "{message}"
+            );
+            let texts = |found: Vec<Retrieved>| -> Vec<String> {
+                found.into_iter().map(|r| r.entry.text).collect()
+            };
+            let all = BankQuery {
+                k: 10,
+                ..Default::default()
+            };
+            let left = addr.send(QueryBank(all.clone())).await.unwrap().unwrap();
+            assert_eq!(
+                texts(left),
+                ["from run b"],
+                "the refused restore copied nothing"
+            );
+            addr.send(restore("run-a")).await.unwrap().unwrap();
+            let back = addr.send(QueryBank(all)).await.unwrap().unwrap();
+            assert_eq!(texts(back), ["from run a"]);
+            actix::System::current().stop();
+        });
     }
 }

@@ -267,6 +267,17 @@ impl OptimizerActor {
         );
         values.insert("rollout_time_s".into(), json!(collected.rollout_secs));
         values.insert("reward/unplaceable".into(), json!(collected.unplaceable));
+        // Planning and per-turn metrics run once per group or turn: summed by name.
+        let mut planned: Vec<(String, f64)> = Vec::new();
+        for (k, v) in &collected.metrics {
+            match planned.iter_mut().find(|(name, _)| name == k) {
+                Some((_, total)) => *total += v,
+                None => planned.push((k.clone(), *v)),
+            }
+        }
+        for (k, v) in planned {
+            values.insert(k, json!(v));
+        }
         stale.insert_into(&mut values);
 
         let t = Instant::now();

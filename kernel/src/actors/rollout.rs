@@ -106,23 +106,28 @@ impl RolloutActor {
         // Evaluations (no step) play the plain policy: no training-time context hook.
         let links = &self.links;
         let algorithm = &self.algorithm;
+        let hook_metrics = std::cell::RefCell::new(Vec::new());
         let mut hook = |request: &cairn_plugin_sdk::TurnContextRequest| {
             let version = call(&links.version, PolicyVersion)?;
             let host = KernelHost::new(links, request.step, version, &[]);
-            Ok(algorithm.lock().next_context(request, &host)?)
+            let answer = algorithm.lock().next_context(request, &host)?;
+            hook_metrics.borrow_mut().extend(host.into_metrics());
+            Ok(answer)
         };
         let hook: Option<&mut crate::rollout::TurnHook<'_>> = match step {
             Some(_) if self.turn_context => Some(&mut hook),
             _ => None,
         };
-        play(
+        let mut out = play(
             self.env.as_ref(),
             self.builder.as_ref(),
             specs,
             &params,
             &mut generate,
             hook,
-        )
+        )?;
+        out.metrics.extend(hook_metrics.into_inner());
+        Ok(out)
     }
 
     /// Plays `groups` task groups of a step (see [`CollectGroups`]).
@@ -144,6 +149,7 @@ impl RolloutActor {
         // Bank entries a plugin writes while planning carry the version about to sample.
         let version = call(&self.links.version, PolicyVersion)?;
         let mut specs = Vec::with_capacity(msg.groups * s.group_size);
+        let mut plan_metrics = Vec::new();
         for (g, index) in picks.into_iter().enumerate() {
             let task = TaskRef {
                 split: Split::Train,
@@ -162,6 +168,7 @@ impl RolloutActor {
             };
             let host = KernelHost::new(&self.links, msg.step, version, &[]);
             let variants = self.algorithm.lock().plan_group(&request, &host)?;
+            plan_metrics.extend(host.into_metrics());
             if variants.len() != s.group_size {
                 return Err(Error::Other(format!(
                     "the algorithm planned {} slots for group {group_id} of size {}",
@@ -180,7 +187,9 @@ impl RolloutActor {
                 });
             }
         }
-        self.play_specs(&specs, s.temperature, step_seed, Some(msg.step))
+        let mut out = self.play_specs(&specs, s.temperature, step_seed, Some(msg.step))?;
+        out.metrics.splice(0..0, plan_metrics);
+        Ok(out)
     }
 }
 
@@ -219,6 +228,9 @@ pub struct Collected {
     pub rollout_secs: f64,
     /// Resample rounds this batch went through (0: the first collection only).
     pub rounds: u32,
+    /// What the algorithm logged while planning and in the per-turn hook (summed over
+    /// resample rounds by name, see [`Collected::extend`]).
+    pub metrics: Vec<(String, f64)>,
 }
 
 impl Collected {
@@ -229,6 +241,7 @@ impl Collected {
         self.unplaceable += more.unplaceable;
         self.sampled_tokens += more.sampled_tokens;
         self.rollout_secs += more.rollout_secs;
+        self.metrics.extend(more.metrics);
     }
 }
 
@@ -276,6 +289,7 @@ fn finish_chain(
         sampled_tokens: rollouts.sampled_tokens,
         rollout_secs,
         rounds: 0,
+        metrics: rollouts.metrics,
     })
 }
 
@@ -527,6 +541,10 @@ impl Handler<Evaluate> for RolloutActor {
 pub struct CollectDemonstrations {
     pub episodes: usize,
     pub seed: u64,
+    /// `warm_start.hinted_share`.
+    pub hinted_share: f64,
+    /// `warm_start.keep_unsolved`.
+    pub keep_unsolved: bool,
 }
 
 impl Handler<CollectDemonstrations> for RolloutActor {
@@ -552,6 +570,8 @@ impl Handler<CollectDemonstrations> for RolloutActor {
             self.builder.as_ref(),
             &tasks,
             self.max_turns(),
+            msg.hinted_share,
+            msg.keep_unsolved,
         )
     }
 }

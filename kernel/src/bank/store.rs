@@ -349,6 +349,30 @@ impl Bank {
         tx.commit().map_err(sql(&path, "committing a reset"))
     }
 
+    /// The id of the run this bank belongs to (`meta.run_id`), if one was stamped.
+    pub fn run_id(&self) -> Result<Option<String>> {
+        use rusqlite::OptionalExtension;
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = 'run_id'", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()
+            .map_err(sql(&self.path, "reading the run id"))
+    }
+
+    /// Stamps the bank with the run it belongs to (a fresh run stamps its new id; snapshots
+    /// carry it into checkpoints, where a resume checks it).
+    pub fn set_run_id(&mut self, run_id: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO meta (key, value) VALUES ('run_id', ?1) \
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [run_id],
+            )
+            .map_err(sql(&self.path, "writing the run id"))?;
+        Ok(())
+    }
+
     /// The entry with this id, if the bank holds it.
     pub fn get(&self, id: u64) -> Result<Option<BankEntry>> {
         let Ok(id) = i64::try_from(id) else {

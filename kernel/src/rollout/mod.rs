@@ -66,6 +66,9 @@ pub struct Rollouts {
     pub aborted: Vec<(u64, String, String)>,
     /// Response tokens sampled.
     pub sampled_tokens: usize,
+    /// Metrics the algorithm logged (`Host::log_metric`) while planning the groups and in the
+    /// per-turn context hook; they go into the step's metrics.
+    pub metrics: Vec<(String, f64)>,
 }
 
 /// The batched generation call: one response per prompt, and the policy version that sampled
@@ -255,40 +258,64 @@ pub struct Demonstration {
 }
 
 /// Plays the environment's expert on `tasks` and returns one example per expert turn, framed
-/// exactly as the policy will see it. Episodes whose expert fails are skipped (counted in the
-/// second return value).
+/// exactly as the policy will see it. Episodes whose expert fails within `max_turns` are
+/// counted in the second return value, and skipped unless `keep_unsolved`.
+///
+/// A `hinted_share` of the solved episodes (spread evenly: episode `k` is hinted when
+/// `⌊(k+1)·share⌋ > ⌊k·share⌋`) is framed with a context variant (label `demo-hint`) whose
+/// injected text is that episode's own solution in the skill creator's template form
+/// ([`crate::skills::template::solved_text`]): the demonstration then teaches how an injected
+/// experience reads, and never the answer of another task.
 pub fn demonstrations(
     env: &dyn Environment,
     builder: &dyn PromptBuilder,
     tasks: &[(TaskRef, u64)],
     max_turns: u32,
+    hinted_share: f64,
+    keep_unsolved: bool,
 ) -> Result<(Vec<Demonstration>, usize)> {
     let mut demos = Vec::new();
     let mut failed = 0;
     let plain = ContextVariant::default();
-    for &(task, seed) in tasks {
+    for (k, &(task, seed)) in tasks.iter().enumerate() {
         let mut episode = env.start(task, seed, &plain)?;
-        let mut episode_demos = Vec::new();
+        let mut turns = Vec::new();
         let mut solved = false;
         for _ in 0..max_turns {
             let observation = episode.observation();
             let Some(action) = episode.expert_action() else {
                 break;
             };
-            episode_demos.push(Demonstration {
-                prompt_ids: builder.prompt(&plain, &observation)?,
-                response_ids: builder.demonstration(&action)?,
-            });
             let outcome = episode.step(&action)?;
+            turns.push((observation, action));
             if outcome.done {
                 solved = outcome.success;
                 break;
             }
         }
-        if solved {
-            demos.extend(episode_demos);
-        } else {
+        if !solved {
             failed += 1;
+            if !keep_unsolved {
+                continue;
+            }
+        }
+        let hinted = ((k + 1) as f64 * hinted_share).floor() > (k as f64 * hinted_share).floor();
+        // An unsolved episode's actions are no solution: it is never shown as one.
+        let variant = if hinted && solved {
+            let actions: Vec<&str> = turns.iter().map(|(_, a)| a.as_str()).collect();
+            ContextVariant {
+                label: "demo-hint".into(),
+                inject: crate::skills::template::solved_text(&actions),
+                ..ContextVariant::default()
+            }
+        } else {
+            plain.clone()
+        };
+        for (observation, action) in &turns {
+            demos.push(Demonstration {
+                prompt_ids: builder.prompt(&variant, observation)?,
+                response_ids: builder.demonstration(action)?,
+            });
         }
     }
     Ok((demos, failed))
@@ -331,4 +358,122 @@ pub fn mix(seed: u64, index: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod demonstration_tests {
+    use cairn_plugin_sdk::{
+        ContextVariant, Environment, EnvironmentInfo, Episode, Observation, Split, StepOutcome,
+        TaskInfo, TaskRef,
+    };
+
+    use super::demonstrations;
+    use crate::rollout::prompt::{tests::WordCodec, PlainPrompt, TextCodec};
+
+    /// Two-turn episodes whose expert says `go k` then `take k` (k = task index).
+    struct TwoTurns;
+    struct TwoTurnsEpisode {
+        task: u64,
+        turn: u32,
+    }
+
+    impl Environment for TwoTurns {
+        fn info(&self) -> EnvironmentInfo {
+            EnvironmentInfo {
+                train_tasks: 8,
+                test_tasks: 1,
+                max_turns: 2,
+                ..Default::default()
+            }
+        }
+        fn task(&self, _: TaskRef) -> cairn_plugin_sdk::Result<TaskInfo> {
+            Ok(TaskInfo::default())
+        }
+        fn start(
+            &self,
+            task: TaskRef,
+            _: u64,
+            _: &ContextVariant,
+        ) -> cairn_plugin_sdk::Result<Box<dyn Episode>> {
+            Ok(Box::new(TwoTurnsEpisode {
+                task: task.index,
+                turn: 0,
+            }))
+        }
+    }
+
+    impl Episode for TwoTurnsEpisode {
+        fn observation(&self) -> Observation {
+            Observation {
+                text: format!("room {} turn {}", self.task, self.turn),
+                ..Default::default()
+            }
+        }
+        fn step(&mut self, _: &str) -> cairn_plugin_sdk::Result<StepOutcome> {
+            self.turn += 1;
+            Ok(StepOutcome {
+                done: self.turn == 2,
+                success: self.turn == 2,
+                info_json: "{}".into(),
+                ..Default::default()
+            })
+        }
+        fn expert_action(&self) -> Option<String> {
+            Some(match self.turn {
+                0 => format!("go {}", self.task),
+                _ => format!("take {}", self.task),
+            })
+        }
+    }
+
+    #[test]
+    fn a_hinted_share_of_demonstrations_carries_its_own_solution_in_the_template_form() {
+        let builder = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let tasks: Vec<(TaskRef, u64)> = (0..4)
+            .map(|i| {
+                (
+                    TaskRef {
+                        split: Split::Train,
+                        index: i,
+                    },
+                    i,
+                )
+            })
+            .collect();
+        let (plain, failed) = demonstrations(&TwoTurns, &builder, &tasks, 2, 0.0, false).unwrap();
+        assert_eq!((plain.len(), failed), (8, 0));
+        // With one turn the expert finishes nothing: skipped, or kept (and never hinted).
+        let (none, failed) = demonstrations(&TwoTurns, &builder, &tasks, 1, 1.0, false).unwrap();
+        assert_eq!((none.len(), failed), (0, 4));
+        let (kept, failed) = demonstrations(&TwoTurns, &builder, &tasks, 1, 1.0, true).unwrap();
+        assert_eq!((kept.len(), failed), (4, 4));
+        let first = builder.codec.decode(&kept[0].prompt_ids).unwrap();
+        assert_eq!(first, "room 0 turn 0");
+        let (hinted, _) = demonstrations(&TwoTurns, &builder, &tasks, 2, 0.5, false).unwrap();
+        assert_eq!(hinted.len(), 8);
+        // Share 0.5 over 4 episodes: episodes 1 and 3 are hinted, each turn of them.
+        for (k, pair) in hinted.chunks(2).enumerate() {
+            for (t, demo) in pair.iter().enumerate() {
+                let text = builder.codec.decode(&demo.prompt_ids).unwrap();
+                let observation = format!("room {k} turn {t}");
+                let expected = if k % 2 == 1 {
+                    format!("solved in 2 turns: go {k}; take {k} {observation}")
+                } else {
+                    observation
+                };
+                assert_eq!(text, expected, "episode {k} turn {t}");
+                assert_eq!(demo.response_ids, plain[2 * k + t].response_ids);
+            }
+        }
+        let (all, _) = demonstrations(&TwoTurns, &builder, &tasks, 2, 1.0, false).unwrap();
+        let first = builder.codec.decode(&all[0].prompt_ids).unwrap();
+        assert!(
+            first.starts_with("solved in 2 turns: go 0; take 0"),
+            "{first}"
+        );
+    }
 }

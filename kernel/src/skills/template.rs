@@ -13,6 +13,21 @@
 
 use super::{feedback_word, Draft, Job, ReflectionFailure, Reflector};
 
+/// The entry text for a successful trajectory with these actions, by turn:
+/// `solved in {n} turns: {a_0}; {a_1}; …`. The warm start's hinted demonstrations inject the
+/// same text, so a small policy learns the format of the entries it will be shown.
+pub fn solved_text(actions: &[&str]) -> String {
+    format!("solved in {} turns: {}", actions.len(), actions.join("; "))
+}
+
+/// The words and marks of the texts this reflector writes. A word-level tokenizer trained for
+/// a pipeline that keeps a bank always has them, so an injected entry never encodes as
+/// `[UNK]`.
+pub const TEMPLATE_WORDS: &[&str] = &[
+    "solved", "in", "turns", ":", ";", "failed", "after", "the", "last", "action", "`", "got",
+    "rejected", "no", "change", "progress",
+];
+
 /// See the module docs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TemplateReflector;
@@ -52,7 +67,7 @@ impl Reflector for TemplateReflector {
             .collect::<Result<Vec<&str>, _>>()?;
         let last = rows.last().expect("a trajectory has at least one row");
         let text = if rows[0].success {
-            format!("solved in {} turns: {}", rows.len(), actions.join("; "))
+            solved_text(&actions)
         } else {
             format!(
                 "failed after {} turns; the last action `{}` got: {}",

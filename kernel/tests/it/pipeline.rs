@@ -22,8 +22,9 @@ use cairn_kernel::rollout::prompt::{PlainPrompt, TextCodec};
 use cairn_kernel::run::RunDir;
 use cairn_kernel::trainer::Trainer;
 use cairn_plugin_sdk::{
-    Algorithm, Batch, ContextVariant, Environment, EnvironmentInfo, Episode, Host, Observation,
-    Requirements, Signals, StepOutcome, StepReport as AlgorithmReport, TaskInfo, TaskRef,
+    Algorithm, Batch, ContextVariant, Environment, EnvironmentInfo, Episode, GroupRequest, Host,
+    Observation, Requirements, Signals, StepOutcome, StepReport as AlgorithmReport, TaskInfo,
+    TaskRef,
 };
 use parking_lot::Mutex;
 
@@ -135,6 +136,16 @@ impl Algorithm for Recorder {
             dynamic_sampling: self.drop_first_group,
             ..Default::default()
         }
+    }
+
+    /// All-plain, logging one `recorder/groups_planned` per group (a planning metric).
+    fn plan_group(
+        &mut self,
+        request: &GroupRequest,
+        host: &dyn Host,
+    ) -> cairn_plugin_sdk::Result<Vec<ContextVariant>> {
+        host.log_metric("recorder/groups_planned", 1.0);
+        Ok(vec![ContextVariant::default(); request.group_size as usize])
     }
 
     fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
@@ -466,6 +477,8 @@ fn dynamic_sampling_scores_new_rows_once_and_observe_counts_each_trajectory_once
     assert_eq!(r.log.observed.len(), 4);
     for m in r.metrics.iter().filter(|m| m["phase"] == "rl") {
         assert_eq!(m["resample_rounds"], 1, "{m}");
+        // Metrics logged while planning reach the step, summed over both rounds' groups.
+        assert_eq!(m["recorder/groups_planned"], 4.0, "{m}");
     }
     // Every trajectory of the step (4 groups × 4 slots) is counted exactly once.
     assert!(

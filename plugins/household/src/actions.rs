@@ -144,6 +144,7 @@ mod tests {
         let knobs = Knobs {
             receptacles: (6, 9),
             distractors: (2, 5),
+            knowledge: false,
         };
         State::new(&generate(kind, &knobs, &mut SplitMix64::new(seed)))
     }

@@ -14,6 +14,14 @@ pub enum Room {
 }
 
 impl Room {
+    /// Every room kind.
+    pub const ALL: [Room; 3] = [Room::Kitchen, Room::Bedroom, Room::Living];
+
+    /// The room named `name` (the word [`Room::name`] gives), if any.
+    pub fn from_name(name: &str) -> Option<Room> {
+        Room::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// The word the observations use.
     pub fn name(self) -> &'static str {
         match self {
@@ -84,6 +92,14 @@ impl Room {
 
     pub(crate) fn has(self, kind: RecKind) -> bool {
         self.pool().iter().any(|&(k, _)| k == kind)
+    }
+
+    /// The most instances of `kind` this room may hold (0: none).
+    pub(crate) fn most(self, kind: RecKind) -> u32 {
+        self.pool()
+            .iter()
+            .find(|&&(k, _)| k == kind)
+            .map_or(0, |&(_, n)| n)
     }
 }
 

@@ -13,6 +13,10 @@ const MAX_DISTRACTORS: u32 = 16;
 /// The expert needs up to about 10 steps for the simplest two-object tasks; a smaller cap
 /// would make generation reject almost every draw.
 const MIN_EXPERT_STEPS: u32 = 10;
+/// Upper bound of `max_expert_steps` in the knowledge regime, where it may exceed `max_turns`:
+/// the blind expert searches every listed place within about 30 steps, so a larger cap filters
+/// nothing and would only lengthen the check of a draw.
+const MAX_EXPERT_STEPS_KNOWLEDGE: u32 = 60;
 
 /// The household's configuration. Every key is optional; unknown keys are an error.
 ///
@@ -20,7 +24,17 @@ const MIN_EXPERT_STEPS: u32 = 10;
 /// {"max_turns": 20, "train_tasks": 10000, "test_tasks": 500,
 ///  "task_kinds": ["pick_and_place", "pick_heat_then_place"],
 ///  "min_receptacles": 6, "max_receptacles": 9, "min_distractors": 2, "max_distractors": 5,
-///  "max_expert_steps": 14, "invalid_penalty": 0.0}
+///  "max_expert_steps": 14, "invalid_penalty": 0.0, "knowledge": false}
+/// ```
+///
+/// The knowledge regime (see the crate docs, "Knowledge regime"), with the turn limit below
+/// what blind search needs:
+///
+/// ```json
+/// {"knowledge": true, "max_turns": 8, "max_expert_steps": 20,
+///  "min_receptacles": 12, "max_receptacles": 14,
+///  "task_kinds": ["pick_and_place", "look_at_obj_in_light", "pick_clean_then_place",
+///                 "pick_heat_then_place", "pick_cool_then_place"]}
 /// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -28,7 +42,9 @@ pub struct HouseholdConfig {
     /// Turn limit of an episode: at this turn an unsolved episode ends with `success = false`.
     pub max_turns: u32,
     /// Generated tasks whose expert solution is longer than this are redrawn, so the expert
-    /// solves every task within `max_turns`. At least 10 and at most `max_turns`.
+    /// solves every task within `max_turns`. At least 10 and at most `max_turns`; with
+    /// `knowledge` at most 60 and free to exceed `max_turns` (the expert searches blindly, so
+    /// a turn limit below its solution length is what makes knowledge of the homes pay).
     pub max_expert_steps: u32,
     /// Number of training tasks (indices `0..train_tasks`).
     pub train_tasks: u64,
@@ -47,6 +63,11 @@ pub struct HouseholdConfig {
     pub max_distractors: u32,
     /// Subtracted from the reward of a step whose action was invalid (`nothing happens .`).
     pub invalid_penalty: f32,
+    /// The knowledge regime: every target starts in its room's fixed home receptacle kind for
+    /// that object ([`crate::home_of`]), the room holds every kind plausible for the target, and
+    /// `unsearched :` lists places in a per-task shuffled order. `false` (the default) leaves
+    /// every task, observation and expert action exactly as without the key.
+    pub knowledge: bool,
 }
 
 impl Default for HouseholdConfig {
@@ -62,6 +83,7 @@ impl Default for HouseholdConfig {
             min_distractors: 2,
             max_distractors: 5,
             invalid_penalty: 0.0,
+            knowledge: false,
         }
     }
 }
@@ -114,11 +136,24 @@ impl HouseholdConfig {
         if self.max_turns == 0 {
             return fail("max_turns", "must be at least 1".into());
         }
-        if self.max_expert_steps < MIN_EXPERT_STEPS || self.max_expert_steps > self.max_turns {
+        if self.knowledge {
+            if !(MIN_EXPERT_STEPS..=MAX_EXPERT_STEPS_KNOWLEDGE).contains(&self.max_expert_steps) {
+                return fail(
+                    "max_expert_steps",
+                    format!(
+                        "is {}, must be between {MIN_EXPERT_STEPS} and \
+                         {MAX_EXPERT_STEPS_KNOWLEDGE} with knowledge = true",
+                        self.max_expert_steps
+                    ),
+                );
+            }
+        } else if self.max_expert_steps < MIN_EXPERT_STEPS || self.max_expert_steps > self.max_turns
+        {
             return fail(
                 "max_expert_steps",
                 format!(
-                    "is {}, must be between {MIN_EXPERT_STEPS} and max_turns ({})",
+                    "is {}, must be between {MIN_EXPERT_STEPS} and max_turns ({}); only \
+                     knowledge = true allows a cap above max_turns",
                     self.max_expert_steps, self.max_turns
                 ),
             );
@@ -180,6 +215,7 @@ impl HouseholdConfig {
         Knobs {
             receptacles: (self.min_receptacles, self.max_receptacles),
             distractors: (self.min_distractors, self.max_distractors),
+            knowledge: self.knowledge,
         }
     }
 }

@@ -13,6 +13,9 @@
 //! 3. Hands empty: take the first wanted object in sight; else go to (or open) the first place
 //!    in `seen :`; else open the unsearched container it stands at; else go to the first place
 //!    in `unsearched :`.
+//!
+//! In the knowledge regime it does not know the homes either: it searches in the listed
+//! (per-task shuffled) order, so its demonstrations do not teach where objects live.
 
 use crate::actions::Action;
 use crate::catalog::TaskKind;

@@ -5,9 +5,23 @@
 //! holds, where it has already seen goal objects (`seen :`) and which plausible places it has
 //! not searched yet (`unsearched :`). The expert ([`crate::expert`]) reads only these facts, so
 //! its next action is a function of the text; a test checks exactly that.
+//!
+//! In the knowledge regime ([`Hidden`]) two views change so that neither gives a target's home
+//! away: `unsearched :` follows the task's shuffled order instead of plausibility, and the
+//! anchor writes a target still lying where it started as `@ start` (within one task, the
+//! same physical state as naming the receptacle, so step groups are unchanged).
 
 use crate::catalog::TaskKind;
 use crate::world::{with_article, Goal, Layout, Place, Task};
+
+/// What the knowledge regime hides: the data behind its two changed views.
+#[derive(Clone, Debug)]
+pub(crate) struct Hidden {
+    /// Per receptacle, its rank in the `unsearched :` list ([`crate::world::Task::search_rank`]).
+    pub search_rank: Vec<u32>,
+    /// Per object, where it started (index-aligned with [`Layout::objects`]).
+    pub start: Vec<Place>,
+}
 
 /// The full state of an episode (everything that changes, plus the layout it started from).
 #[derive(Clone, Debug)]
@@ -25,6 +39,8 @@ pub(crate) struct State {
     pub known: Vec<bool>,
     /// A light task's target was examined under the lamp.
     pub examined: bool,
+    /// The knowledge regime's hidden facts; `None` outside it.
+    pub hidden: Option<Hidden>,
 }
 
 impl State {
@@ -38,6 +54,10 @@ impl State {
             searched: vec![false; n],
             known: vec![false; task.layout.objects.len()],
             examined: false,
+            hidden: task.search_rank.as_ref().map(|rank| Hidden {
+                search_rank: rank.clone(),
+                start: task.layout.objects.iter().map(|o| o.place).collect(),
+            }),
         }
     }
 
@@ -127,16 +147,23 @@ impl State {
     }
 
     /// Plausible places for the target not searched yet, best first: by plausibility weight,
-    /// then canonical order. The destination is left out (a target never starts there).
+    /// then canonical order; in the knowledge regime, in the task's shuffled order instead (a
+    /// best-first order would rank the home by a weight the home does not follow). The
+    /// destination is left out (a target never starts there).
     pub fn unsearched(&self) -> Vec<usize> {
         let target = &crate::catalog::OBJECTS[self.goal.target];
-        let mut places: Vec<(u32, usize)> = (0..self.layout.receptacles.len())
+        let mut places: Vec<usize> = (0..self.layout.receptacles.len())
             .filter(|&r| !self.searched[r] && Some(r) != self.goal.destination)
-            .map(|r| (target.weight_in(self.layout.receptacles[r].kind), r))
-            .filter(|&(w, _)| w > 0)
+            .filter(|&r| target.weight_in(self.layout.receptacles[r].kind) > 0)
             .collect();
-        places.sort_by_key(|&(w, r)| (std::cmp::Reverse(w), r));
-        places.into_iter().map(|(_, r)| r).collect()
+        match &self.hidden {
+            Some(hidden) => places.sort_by_key(|&r| hidden.search_rank[r]),
+            None => places.sort_by_key(|&r| {
+                let weight = target.weight_in(self.layout.receptacles[r].kind);
+                (std::cmp::Reverse(weight), r)
+            }),
+        }
+        places
     }
 
     /// A potential that grows as the task advances: 3 per object done, plus 1 for holding a
@@ -227,8 +254,15 @@ impl State {
             Some(h) => key.push_str(&format!(" ; hold {}", layout.objects[h].description())),
             None => key.push_str(" ; hold nothing"),
         }
-        for o in layout.objects.iter().filter(|o| o.kind == self.goal.target) {
+        for (i, o) in layout.objects.iter().enumerate() {
+            if o.kind != self.goal.target {
+                continue;
+            }
+            let at_start = self.hidden.as_ref().is_some_and(|h| h.start[i] == o.place);
             match o.place {
+                Place::At(_) if at_start => {
+                    key.push_str(&format!(" ; {} @ start", o.description()))
+                }
                 Place::At(r) => key.push_str(&format!(" ; {} @ {}", o.description(), self.rec(r))),
                 Place::Held => {}
             }

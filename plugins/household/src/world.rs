@@ -7,13 +7,33 @@
 //! The generator guarantees what the expert and the observations rely on: the target objects
 //! lie on receptacles plausible for their kind, never already in the destination; the
 //! destination is not the task's appliance; a light task's lamp stands on a desk or side table.
+//!
+//! With [`Knobs::knowledge`] (the knowledge regime) the draw differs in these places, and only
+//! there (no other draw moves), so that with it off every task stays exactly as before:
+//!
+//! * every target object starts in an instance of its home kind ([`crate::knowledge`]),
+//!   uniformly among those instances that are not the destination;
+//! * the room holds every receptacle kind plausible for the target (so blind search has several
+//!   kinds to try), and the destination's kind twice where the pool allows, whatever the home,
+//!   so the room's make-up says nothing about the home;
+//! * the destination is never the home kind when the room can hold only one of that kind;
+//! * the room holds at least [`MIN_LISTED`] plausible places besides the destination (more
+//!   instances of plausible kinds are added at random), and targets that cannot have that many
+//!   are not drawn;
+//! * after the layout, a per-task shuffle fixes the order of the `unsearched :` list
+//!   ([`Task::search_rank`]), which therefore does not depend on the home.
 
 use crate::catalog::{found_in, ObjectKind, RecKind, Room, TaskKind, OBJECTS};
+use crate::knowledge::home_kind;
 use crate::rng::SplitMix64;
 
 /// Object numbers are drawn from `1..=MAX_OBJECT_NUMBER`, so a policy must read them from the
 /// observation instead of assuming "apple 1".
 const MAX_OBJECT_NUMBER: u32 = 4;
+/// Knowledge regime: the fewest places the first `unsearched :` list names, so that blind
+/// search has several to try. Targets whose room cannot hold that many besides a destination
+/// (pillows: a bed or sofa and an armchair) are not drawn.
+pub(crate) const MIN_LISTED: u32 = 3;
 
 /// The generator's difficulty knobs (from the config).
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +42,8 @@ pub(crate) struct Knobs {
     pub receptacles: (u32, u32),
     /// Distractor objects (kinds other than the target), inclusive range.
     pub distractors: (u32, u32),
+    /// The knowledge regime: targets start at their home kind, the search list is shuffled.
+    pub knowledge: bool,
 }
 
 /// One receptacle instance: `cabinet 2`.
@@ -168,6 +190,12 @@ impl Goal {
 pub(crate) struct Task {
     pub layout: Layout,
     pub goal: Goal,
+    /// Knowledge regime only: the rank of each receptacle in the `unsearched :` list, indexed
+    /// like [`Layout::receptacles`] (`[receptacles]`, a permutation of `0..receptacles`), from a
+    /// uniform shuffle drawn after the layout. `None` outside the regime, where the list is
+    /// best-first by plausibility. Not part of the signature: the split rule keeps layouts and
+    /// goals disjoint whatever the order.
+    pub search_rank: Option<Vec<u32>>,
 }
 
 impl Task {
@@ -204,10 +232,16 @@ pub(crate) fn generate(kind: TaskKind, knobs: &Knobs, rng: &mut SplitMix64) -> T
             let o = &OBJECTS[i];
             o.can & kind.requires() == kind.requires() && found_in(o, room)
         })
+        .filter(|&i| !knobs.knowledge || places_for(room, &OBJECTS[i]) > MIN_LISTED)
         .collect();
     let target = targets[rng.below(targets.len())];
     let target_kind = &OBJECTS[target];
-    let drawn = draw_receptacles(kind, room, target_kind, knobs, rng);
+    let home = if knobs.knowledge {
+        Some(home_kind(room, target_kind).expect("a target kind belongs to its room"))
+    } else {
+        None
+    };
+    let drawn = draw_receptacles(kind, room, target_kind, home, knobs, rng);
     let receptacles = drawn.receptacles;
     let pick_instance = |rng: &mut SplitMix64, kind: RecKind| {
         let of: Vec<usize> = (0..receptacles.len())
@@ -228,7 +262,10 @@ pub(crate) fn generate(kind: TaskKind, knobs: &Knobs, rng: &mut SplitMix64) -> T
 
     let mut objects = Vec::new();
     for _ in 0..kind.needed() {
-        let placed = place(rng, &receptacles, target_kind, destination);
+        let placed = match home {
+            Some(home) => place_at_home(rng, &receptacles, home, destination),
+            None => place(rng, &receptacles, target_kind, destination),
+        };
         let at = placed.expect("the source receptacle is plausible and not the destination");
         objects.push(new_object(rng, &objects, target, at));
     }
@@ -247,6 +284,15 @@ pub(crate) fn generate(kind: TaskKind, knobs: &Knobs, rng: &mut SplitMix64) -> T
         }
     }
     rng.shuffle(&mut objects);
+    let search_rank = knobs.knowledge.then(|| {
+        let mut order: Vec<usize> = (0..receptacles.len()).collect();
+        rng.shuffle(&mut order);
+        let mut rank = vec![0u32; receptacles.len()];
+        for (position, &r) in order.iter().enumerate() {
+            rank[r] = position as u32;
+        }
+        rank
+    });
 
     Task {
         layout: Layout {
@@ -260,6 +306,7 @@ pub(crate) fn generate(kind: TaskKind, knobs: &Knobs, rng: &mut SplitMix64) -> T
             target,
             destination,
         },
+        search_rank,
     }
 }
 
@@ -273,11 +320,13 @@ struct DrawnReceptacles {
 
 /// Chooses how many receptacles of each kind the room has: its fixtures, whatever the task
 /// needs (appliance, lamp host, destination, a separate source for the target), then random
-/// kinds up to the drawn size.
+/// kinds up to the drawn size. With a `home` (the knowledge regime) the source is the home kind
+/// and the room also holds every kind plausible for the target.
 fn draw_receptacles(
     kind: TaskKind,
     room: Room,
     target: &ObjectKind,
+    home: Option<RecKind>,
     knobs: &Knobs,
     rng: &mut SplitMix64,
 ) -> DrawnReceptacles {
@@ -321,25 +370,57 @@ fn draw_receptacles(
                 .iter()
                 .map(|&(k, _)| k)
                 .filter(|&k| Some(k) != kind.appliance())
+                // The home's only instance cannot be the destination: the targets start there.
+                .filter(|&k| Some(k) != home || room.most(k) >= 2)
                 .collect();
             let k = options[rng.below(options.len())];
-            ensure(&mut counts, k, 1);
+            // In the knowledge regime the destination kind comes twice (where the pool allows)
+            // whether or not it is the home, so two of a kind never point at the home.
+            ensure(&mut counts, k, if home.is_some() { 2 } else { 1 });
             Some(k)
         }
     };
-    // A source: some plausible receptacle besides the destination instance.
-    let sources: Vec<(RecKind, u32)> = places
-        .iter()
-        .copied()
-        .filter(|&(k, _)| Some(k) != destination || pool[slot(k)].1 >= 2)
-        .collect();
-    let weights: Vec<u32> = sources.iter().map(|&(_, w)| w).collect();
-    let source = sources[rng.weighted(&weights)].0;
-    ensure(
-        &mut counts,
-        source,
-        if Some(source) == destination { 2 } else { 1 },
-    );
+    if let Some(home) = home {
+        for &(k, _) in &places {
+            ensure(&mut counts, k, 1);
+        }
+        ensure(
+            &mut counts,
+            home,
+            if Some(home) == destination { 2 } else { 1 },
+        );
+        // Several places to search: add instances of random plausible kinds until the list
+        // (every plausible instance but the destination) has MIN_LISTED.
+        loop {
+            let plausible: u32 = places.iter().map(|&(k, _)| counts[slot(k)]).sum();
+            if plausible - u32::from(destination.is_some()) >= MIN_LISTED {
+                break;
+            }
+            let open: Vec<usize> = places
+                .iter()
+                .map(|&(k, _)| slot(k))
+                .filter(|&i| counts[i] < pool[i].1)
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            counts[open[rng.below(open.len())]] += 1;
+        }
+    } else {
+        // A source: some plausible receptacle besides the destination instance.
+        let sources: Vec<(RecKind, u32)> = places
+            .iter()
+            .copied()
+            .filter(|&(k, _)| Some(k) != destination || pool[slot(k)].1 >= 2)
+            .collect();
+        let weights: Vec<u32> = sources.iter().map(|&(_, w)| w).collect();
+        let source = sources[rng.weighted(&weights)].0;
+        ensure(
+            &mut counts,
+            source,
+            if Some(source) == destination { 2 } else { 1 },
+        );
+    }
     // Fill up to the drawn size with random kinds that still have room.
     let size = rng.range(knobs.receptacles.0, knobs.receptacles.1);
     while counts.iter().sum::<u32>() < size {
@@ -368,6 +449,11 @@ fn draw_receptacles(
     }
 }
 
+/// How many receptacles plausible for `object` a room of kind `room` can hold at most.
+pub(crate) fn places_for(room: Room, object: &ObjectKind) -> u32 {
+    object.places.iter().map(|&(k, _)| room.most(k)).sum()
+}
+
 /// Picks a receptacle for an object of `kind`, weighted by plausibility, avoiding `exclude`.
 fn place(
     rng: &mut SplitMix64,
@@ -387,6 +473,20 @@ fn place(
         })
         .collect();
     (weights.iter().sum::<u32>() > 0).then(|| rng.weighted(&weights))
+}
+
+/// Picks, uniformly, an instance of the `home` kind other than `exclude` (the knowledge
+/// regime's target placement).
+fn place_at_home(
+    rng: &mut SplitMix64,
+    receptacles: &[Receptacle],
+    home: RecKind,
+    exclude: Option<usize>,
+) -> Option<usize> {
+    let options: Vec<usize> = (0..receptacles.len())
+        .filter(|&i| receptacles[i].kind == home && Some(i) != exclude)
+        .collect();
+    (!options.is_empty()).then(|| options[rng.below(options.len())])
 }
 
 /// A fresh object of kind `kind` at receptacle `at`, numbered apart from its siblings.
@@ -410,6 +510,7 @@ mod tests {
     const KNOBS: Knobs = Knobs {
         receptacles: (6, 9),
         distractors: (2, 5),
+        knowledge: false,
     };
 
     #[test]

@@ -149,7 +149,7 @@ pub fn serve(
             std::fs::create_dir_all(&config.run.dir)
                 .with_context(|| format!("creating {}", config.run.dir.display()))?;
             let env = cairn_kernel::gateway::HarnessEnvironment::new(&gateway_config);
-            setup::tokenizer(&config, &config.run.dir, &env)?
+            setup::tokenizer(&config, &config.run.dir, &env, false)?
         }
     };
     let mut backend = setup::backend(&config, tokenizer.vocab_size())?;

@@ -9,6 +9,7 @@ mod bank;
 mod gateway;
 mod logprobs;
 mod pipeline;
+mod scaffolds;
 mod skills;
 mod smoke;
 mod tools;

@@ -82,7 +82,7 @@ fn async_pipeline_runs_one_step_ahead_and_never_trains_rows_past_the_bound() {
 
 /// The golden run's config (a warm-started model whose groups have mixed outcomes) with
 /// `stack` under `[algorithm]`, trajectories recorded.
-fn hint_stack(run: &Path, stack: &str) -> String {
+pub fn hint_stack(run: &Path, stack: &str) -> String {
     std::fs::read_to_string(fixture("config.toml"))
         .expect("fixture config")
         .replace("{dir}", &run.display().to_string())
@@ -96,6 +96,71 @@ fn hint_stack(run: &Path, stack: &str) -> String {
         )
         // One update per batch: the step's loss report covers every row.
         .replace("updates_per_batch = 2", "updates_per_batch = 1")
+}
+
+/// Checks a finished run recorded with `record_trajectories`: every evaluation (after the
+/// warm start and at the end) played every task with the plain context, its prompts hold the
+/// observation and none of the `scaffolds` (compared as token ids under the run's tokenizer),
+/// and the training batches did show the scaffolds, so the check can tell the two apart.
+pub fn assert_evaluations_are_plain(run: &Path, scaffolds: &[&str]) {
+    let tokenizer = cairn_kernel::text::Tokenizer::from_dir(&run.join("tokenizer")).unwrap();
+    let encoded: Vec<Vec<u32>> = scaffolds
+        .iter()
+        .map(|s| tokenizer.encode(s).unwrap())
+        .collect();
+    let contains = |hay: &[u32], needle: &[u32]| hay.windows(needle.len()).any(|w| w == needle);
+    let ids = |row: &serde_json::Value| -> Vec<u32> {
+        row["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let read = |path: &Path| -> Vec<serde_json::Value> {
+        let batch: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        batch["rows"].as_array().unwrap().clone()
+    };
+    let mut evals = 0;
+    let mut scaffolded_training_prompts = 0;
+    for entry in std::fs::read_dir(run.join("trajectories")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let rows = read(&path);
+        if name.starts_with("eval-") {
+            evals += 1;
+            assert!(!rows.is_empty(), "{name}: no rows");
+            for row in &rows {
+                assert_eq!(row["variant"]["label"], "plain", "{name}: {row}");
+                assert_eq!(row["variant"]["inject"], "", "{name}");
+                let prompt = ids(row);
+                let observation = tokenizer
+                    .encode(row["observation"].as_str().unwrap())
+                    .unwrap();
+                assert!(contains(&prompt, &observation), "{name}: {row}");
+                for (s, e) in scaffolds.iter().zip(&encoded) {
+                    assert!(
+                        !contains(&prompt, e),
+                        "{name}: `{s}` in an evaluation prompt"
+                    );
+                }
+            }
+        } else {
+            scaffolded_training_prompts += rows
+                .iter()
+                .filter(|r| encoded.iter().any(|e| contains(&ids(r), e)))
+                .count();
+        }
+    }
+    assert!(
+        evals >= 2,
+        "the initial and the final evaluation are recorded"
+    );
+    assert!(
+        scaffolded_training_prompts > 0,
+        "no training prompt carried a scaffold"
+    );
 }
 
 #[test]
@@ -184,6 +249,9 @@ fn a_scaffold_plugin_stacked_on_grpo_plans_hints_turn_by_turn_and_distills_them(
             .unwrap()
             .contains("the hint raised the mean reward"));
     }
+    // The scaffold is training-time only: the recorded evaluation prompts carry none of it.
+    assert_evaluations_are_plain(&run, &["Use an admissible action."]);
+
     // The plugin's state went into the checkpoint, keyed by stack position.
     let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
     let state = std::fs::read_to_string(

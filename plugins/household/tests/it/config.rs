@@ -4,7 +4,7 @@ use cairn_household::{Household, HouseholdConfig};
 use cairn_plugin_sdk::{Environment, ErrorKind};
 
 /// Asserts that `json` is rejected as a config error whose message contains every `needle`.
-fn check_rejected(json: &str, needles: &[&str]) {
+pub fn check_rejected(json: &str, needles: &[&str]) {
     let err = Household::from_config_json(json).expect_err(json);
     assert_eq!(err.kind, ErrorKind::Config, "{json}: {err}");
     for needle in needles {

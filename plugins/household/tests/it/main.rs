@@ -7,6 +7,7 @@ mod config;
 mod episodes;
 mod expert;
 mod ffi;
+mod knowledge;
 mod splits;
 
 use cairn_household::{Household, HouseholdConfig};

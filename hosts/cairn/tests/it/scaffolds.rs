@@ -1,0 +1,230 @@
+//! The scaffold algorithms end to end: `edge`, `pats` and `reskill` stacked on `grpo` train a
+//! tiny model through the real `.so` plugins, write their knowledge into the run's bank,
+//! inject it into training prompts, and never into an evaluation prompt.
+
+use std::path::Path;
+
+use crate::pipeline::{assert_evaluations_are_plain, hint_stack};
+use crate::{cairn, jsonl, stderr, write_config};
+
+/// Trains `stack` over grpo on two recurring training tasks for `steps` steps (a warm start
+/// long enough that the tiny model solves them often, so there are successes to learn from);
+/// returns the RL metrics lines.
+fn train(run: &Path, stack: &str, steps: u64) -> Vec<serde_json::Value> {
+    let text = hint_stack(run, stack)
+        .replace("steps = 3", &format!("steps = {steps}"))
+        .replace("epochs = 8", "epochs = 60")
+        .replace(
+            "config = { max_turns = 14 }",
+            "config = { max_turns = 14, train_tasks = 2 }",
+        );
+    let cfg = write_config(run.parent().unwrap(), "stack.toml", &text);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    jsonl(&run.join("metrics.jsonl"))
+        .into_iter()
+        .filter(|m| m["phase"] == "rl")
+        .collect()
+}
+
+/// The distinct non-empty injections of the run's training prompts.
+fn injections(run: &Path) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(run.join("trajectories")).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("eval-")
+        {
+            continue;
+        }
+        let batch: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for row in batch["rows"].as_array().unwrap() {
+            let inject = row["variant"]["inject"].as_str().unwrap().to_string();
+            if !inject.is_empty() && !out.contains(&inject) {
+                out.push(inject);
+            }
+        }
+    }
+    out
+}
+
+/// The run's bank entries, as `cairn bank export` prints them.
+fn bank(run: &Path) -> Vec<serde_json::Value> {
+    let out = cairn(&["bank", "export", run.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    crate::stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn edge_writes_experiences_injects_them_into_half_of_each_group_and_distills() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let rl = train(
+        &run,
+        "\n[[algorithm.stack]]\nplugin = \"edge\"\nconfig = { warmup_steps = 100, header = \"\", \
+         top_k = 0, task_specific_top_k = 1, update_frequency = 1 }",
+        4,
+    );
+    let experiences: Vec<_> = bank(&run)
+        .into_iter()
+        .filter(|e| e["kind"] == "experience")
+        .collect();
+    assert!(
+        !experiences.is_empty(),
+        "the skill creator wrote experiences"
+    );
+    for e in &experiences {
+        assert_eq!(e["provenance"]["writer"], "skill-creator:template", "{e}");
+        assert!(e["task_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("household/train/"));
+    }
+    // Later steps injected them (the entry text alone, `header = ""`) into E slots.
+    let injected = injections(&run);
+    assert!(!injected.is_empty(), "no E slot saw an experience");
+    let texts: Vec<&str> = experiences
+        .iter()
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    for i in &injected {
+        assert!(
+            texts.contains(&i.as_str()),
+            "injected `{i}` is no bank entry"
+        );
+    }
+    assert!(rl.iter().all(|m| m["teacher"][0]["name"] == "edge-distill"));
+    assert!(
+        rl.iter().any(|m| m.get("edge/success_e").is_some()),
+        "{rl:?}"
+    );
+    assert_evaluations_are_plain(
+        &run,
+        &injected.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+
+    // EDGE's E/N curves, drawn by `cairn compare --metric`; a metric no run reports is an
+    // error naming it.
+    let png = tmp.path().join("en.png");
+    let pair = format!("edge={}", run.display());
+    let out = cairn(&[
+        "compare",
+        "--metric",
+        "edge/success_e",
+        "--metric",
+        "edge/success_n",
+        "--out",
+        png.to_str().unwrap(),
+        &pair,
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert!(
+        crate::stdout(&out).contains("| edge | 1 |"),
+        "{}",
+        crate::stdout(&out)
+    );
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    let out = cairn(&[
+        "compare",
+        "--metric",
+        "edge/nothing",
+        "--out",
+        png.to_str().unwrap(),
+        &pair,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no run of `edge` reports the metric `edge/nothing`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn pats_injects_its_scaffold_into_the_scaffolded_arm_and_writes_evidence_cards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let scaffold = "open the receptacles first";
+    let rl = train(
+        &run,
+        &format!(
+            "\n[[algorithm.stack]]\nplugin = \"pats\"\nconfig = {{ scaffold = \"{scaffold}\", \
+             coef = 0.5 }}"
+        ),
+        3,
+    );
+    let injected = injections(&run);
+    assert_eq!(injected, [scaffold], "the general scaffold, and only it");
+    let cards: Vec<_> = bank(&run)
+        .into_iter()
+        .filter(|e| e["kind"] == "evidence_card")
+        .collect();
+    // One card per (task, scaffold) per step while the task keeps its scaffold. A task whose
+    // plain arm already solves ≥ 0.8 (`tau_solve`) has graduated: its scaffold is removed and
+    // it gets no card after that one.
+    let mut per_task: std::collections::BTreeMap<String, Vec<&serde_json::Value>> =
+        Default::default();
+    for c in &cards {
+        let n_with = c["extra"]["n_with"].as_u64().unwrap();
+        let n_without = c["extra"]["n_without"].as_u64().unwrap();
+        // Each task is one group of 4 per step: 2 scaffolded slots, 2 plain.
+        assert_eq!((n_with, n_without), (2, 2), "{c}");
+        assert_eq!(c["extra"]["scaffold_id"], "config", "{c}");
+        per_task
+            .entry(c["task_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(c);
+    }
+    assert_eq!(per_task.len(), 2, "both tasks got a card at step 0");
+    let mut graduated = 0;
+    for (task, cards) in &per_task {
+        assert_eq!(cards[0]["extra"]["step"], 0, "{task}");
+        let solo =
+            |c: &serde_json::Value| c["extra"]["succ_without"].as_u64().unwrap() as f64 / 2.0;
+        if let Some(at) = cards.iter().position(|c| solo(c) >= 0.8) {
+            assert_eq!(at + 1, cards.len(), "{task}: a card after graduating");
+            graduated += 1;
+        } else {
+            assert_eq!(cards.len(), 3, "{task}: one card per step");
+        }
+    }
+    let removed: f64 = rl
+        .iter()
+        .map(|m| m["pats/removed_graduated"].as_f64().unwrap())
+        .sum();
+    assert_eq!(removed, f64::from(graduated));
+    assert!(rl.iter().all(|m| m.get("pats/cards").is_some()), "{rl:?}");
+    assert_evaluations_are_plain(&run, &[scaffold]);
+}
+
+#[test]
+fn reskill_creates_a_skill_tests_it_within_groups_and_injects_it_when_its_trigger_fires() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let rl = train(
+        &run,
+        "\n[[algorithm.stack]]\nplugin = \"reskill\"\nconfig = { min_reservoir = 8, \
+         reservoir_size = 64, test_steps = 1, min_episodes = 4, min_trigger_rate = 0.1 }",
+        6,
+    );
+    let skills: Vec<_> = bank(&run)
+        .into_iter()
+        .filter(|e| e["kind"] == "skill")
+        .collect();
+    assert!(!skills.is_empty(), "the skill creator wrote a skill");
+    let last = rl.last().unwrap();
+    assert!(last.get("reskill/reservoir").is_some(), "{last}");
+    let injected = injections(&run);
+    assert!(!injected.is_empty(), "no turn saw a skill: {rl:?}");
+    assert_evaluations_are_plain(
+        &run,
+        &injected.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Reproduces docs/scaffolds.md: GRPO against EDGE, ReSkill and Pats stacked on GRPO, on the
+# household's knowledge regime (examples/household-knowledge.toml), at equal RL steps, seeds
+# and warm start, several seeds each.
+#
+#   scripts/scaffolds.sh [STEPS] [SEEDS...]      (default: 25 RL steps, seeds 1 2 3)
+#
+# Every run is the base config with `run.seed`, `run.steps` and the stack changed, nothing
+# else; the tokenizer, the initial weights and the warm start depend only on the seed, so the
+# four methods of a seed start from the same policy. Two runs go at a time, each on one
+# libtorch thread. Runs go to runs/scaffolds/<method>-seed<N>; finished runs are skipped.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$CAIRN_ROOT"
+bash scripts/setup.sh
+cargo build --release
+steps="${1:-25}"
+if [ "$#" -gt 0 ]; then shift; fi
+if [ "$#" -gt 0 ]; then seeds=("$@"); else seeds=(1 2 3); fi
+base=examples/household-knowledge.toml
+out=runs/scaffolds
+mkdir -p "$out"
+
+# method -> the [[algorithm.stack]] entries added to the base's `[algorithm]` (grpo).
+declare -A stack
+stack[grpo]=''
+stack[edge]='[[algorithm.stack]]
+plugin = "edge"
+config = { warmup_steps = 1000, header = "", top_k = 0, task_specific_top_k = 1, update_frequency = 1 }'
+stack[reskill]='[[algorithm.stack]]
+plugin = "reskill"'
+stack[pats]='[[algorithm.stack]]
+plugin = "pats"
+config = { coef = 1.0 }'
+methods=(grpo edge reskill pats)
+
+jobs=()
+pairs=()
+for method in "${methods[@]}"; do
+    for seed in "${seeds[@]}"; do
+        run="$out/$method-seed$seed"
+        cfg="$out/$method-seed$seed.toml"
+        python3 - "$base" "$cfg" "$run" "$seed" "$steps" "${stack[$method]}" <<'PY'
+import re, sys
+base, cfg, run, seed, steps, stack = sys.argv[1:]
+text = open(base).read()
+text = re.sub(r'(?m)^dir = .*$', f'dir = "{run}"', text, count=1)
+text = re.sub(r'(?m)^seed = .*$', f'seed = {seed}', text, count=1)
+text = re.sub(r'(?m)^steps = .*$', f'steps = {steps}', text, count=1)
+text = re.sub(r'(?m)^record_trajectories = .*\n', '', text)
+text = text.replace('[run]\n', '[run]\nrecord_trajectories = true\n', 1)
+text = text.replace('dtype = "f32"\n', 'dtype = "f32"\nthreads = 1\n', 1)
+text = re.sub(r'(?ms)^(\[algorithm\]\n.*?\n)\n', lambda m: m.group(1) + (stack + '\n' if stack else '') + '\n', text, count=1)
+open(cfg, 'w').write(text)
+PY
+        if grep -q '"after_rl"' "$run/eval.jsonl" 2>/dev/null; then
+            echo "skip $run (finished)"
+        else
+            jobs+=("$cfg")
+        fi
+        pairs+=("$method=$run")
+    done
+done
+if [ "${#jobs[@]}" -gt 0 ]; then
+    printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} sh -c \
+        'target/release/cairn train "$1" > "${1%.toml}.log" 2>&1 || { echo "failed: $1 (see ${1%.toml}.log)"; exit 255; }' _ {}
+fi
+target/release/cairn compare --out docs/scaffolds.png "${pairs[@]}" | tee "$out/table.md"
