@@ -355,4 +355,14 @@ fn a_bad_stack_is_refused_with_its_key_and_line() {
         "\n[[algorithm.stack]]\nplugin = \"hint\"\n[[algorithm.stack]]\nplugin = \"hint\"",
         "`hint` and `hint` both plan the rollout slots; a stack has at most one planner",
     );
+    // Two scaffold algorithms would both split the group: a conflicting stack.
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"edge\"\n[[algorithm.stack]]\nplugin = \"pats\"",
+        "`edge` and `pats` both plan the rollout slots; a stack has at most one planner",
+    );
+    // A scaffold plugin's bad key names the plugin, the key and the line.
+    check(
+        "\n[[algorithm.stack]]\nplugin = \"reskill\"\nconfig = { p_new_min = 0.9 }",
+        "key `algorithm.stack[0].config.p_new_min`, line 17: plugin `reskill` rejected its config",
+    );
 }

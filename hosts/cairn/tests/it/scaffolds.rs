@@ -228,3 +228,17 @@ fn reskill_creates_a_skill_tests_it_within_groups_and_injects_it_when_its_trigge
         &injected.iter().map(String::as_str).collect::<Vec<_>>(),
     );
 }
+
+/// The knowledge-regime example config is a valid pipeline config, with the household
+/// configured for the regime.
+#[test]
+fn the_knowledge_example_config_parses() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/household-knowledge.toml");
+    let config = cairn_kernel::config::PipelineConfig::load(&path).unwrap();
+    let env = config.environment.as_ref().unwrap().config_json();
+    assert!(env.contains("\"knowledge\":true"), "{env}");
+    let ws = config.warm_start.as_ref().unwrap();
+    assert!(ws.hinted_share > 0.0 && ws.keep_unsolved);
+    assert_eq!(config.algorithm.label(), "grpo");
+}
