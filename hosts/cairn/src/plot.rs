@@ -351,11 +351,16 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
         .iter()
         .flat_map(|(_, c)| c.iter().map(|p| p.1 + p.2))
         .fold(0.0, f64::max);
-    // Rates are drawn on [0, 1]; anything larger (a bank size) on [0, max · 1.05].
-    let (y1, unit_cap) = if top <= 1.0 {
-        (1.0, 1.0)
+    let bottom = curves
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|p| p.1 - p.2))
+        .fold(0.0, f64::min);
+    // Rates are drawn on [0, 1]; anything else (a bank size, a utility) on its own range.
+    let (y0, y1, floor, cap) = if top <= 1.0 && bottom >= 0.0 {
+        (0.0, 1.0, 0.0, 1.0)
     } else {
-        (top * 1.05, f64::INFINITY)
+        let pad = 0.05 * (top - bottom).max(1e-9);
+        (bottom - pad, top + pad, f64::NEG_INFINITY, f64::INFINITY)
     };
     let what = if metrics.len() == 1 && metrics[0] == "success_rate" {
         "training success rate".to_string()
@@ -372,7 +377,7 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(1.0..x1.max(2.0), 0.0..y1)?;
+        .build_cartesian_2d(1.0..x1.max(2.0), y0..y1)?;
     chart
         .configure_mesh()
         .x_desc("RL step")
@@ -387,8 +392,8 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
         let color = palette[i % palette.len()];
         let band: Vec<(f64, f64)> = curve
             .iter()
-            .map(|&(x, m, s)| (x, (m + s).min(unit_cap)))
-            .chain(curve.iter().rev().map(|&(x, m, s)| (x, (m - s).max(0.0))))
+            .map(|&(x, m, s)| (x, (m + s).min(cap)))
+            .chain(curve.iter().rev().map(|&(x, m, s)| (x, (m - s).max(floor))))
             .collect();
         chart.draw_series(std::iter::once(Polygon::new(
             band,

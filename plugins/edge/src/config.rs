@@ -38,6 +38,20 @@ pub enum Level {
     Trajectory,
 }
 
+/// Where a synthesized experience is kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Specific to the task it came from (`task_id` set): only that task retrieves it,
+    /// through `task_specific_top_k`.
+    #[default]
+    Task,
+    /// General (`task_id` none): every task may retrieve it, ranked by BM25 relevance to the
+    /// task's description, through `top_k`, as EDGE retrieves its pool by similarity to the
+    /// task. The source task is kept in the entry's `extra.edge_task`.
+    General,
+}
+
 /// Which tokens the distillation term compares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,6 +94,8 @@ pub struct EdgeConfig {
     pub target: Target,
     /// Where the gain is measured.
     pub level: Level,
+    /// Where new experiences are kept (ours; see [`Scope`]).
+    pub scope: Scope,
     /// Sampled-token or teacher-top-k reverse KL.
     pub token_selection: TokenSelection,
     /// `k` of the top-k form (read only with `token_selection = "teacher_topk"`).
@@ -132,6 +148,7 @@ impl Default for EdgeConfig {
             require_positive_gain: true,
             target: Target::WithoutExperienceOnly,
             level: Level::Anchor,
+            scope: Scope::Task,
             token_selection: TokenSelection::Sampled,
             top_k_tokens: 20,
             update_frequency: 5,
@@ -253,7 +270,8 @@ mod tests {
         let c = EdgeConfig::from_json(
             r#"{"coef": 0.5, "warmup_steps": 3, "top_k": 1, "task_specific_top_k": 2,
                 "max_experience_chars": 50, "header": "", "score": "reward", "require_positive_gain": false,
-                "target": "all", "level": "trajectory", "token_selection": "teacher_topk",
+                "target": "all", "level": "trajectory", "scope": "general",
+                "token_selection": "teacher_topk",
                 "top_k_tokens": 5, "update_frequency": 2, "beta": 0.2, "update_threshold": 0.5,
                 "max_failed_trajectories": 4, "max_new_experiences": 1, "bootstrap": false,
                 "min_exposures": 3, "utility_threshold": -0.5, "negative_windows": 1,
@@ -273,6 +291,7 @@ mod tests {
                 require_positive_gain: false,
                 target: Target::All,
                 level: Level::Trajectory,
+                scope: Scope::General,
                 token_selection: TokenSelection::TeacherTopk,
                 top_k_tokens: 5,
                 update_frequency: 2,

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::admission::{arm_of, row_score, Arm};
-use crate::config::EdgeConfig;
+use crate::config::{EdgeConfig, Scope};
 use crate::plan::{experience_ids, task_kind};
 
 /// Trajectories and successes of one task kind.
@@ -426,6 +426,7 @@ pub fn synthesis_requests(
         for (o, c) in contrasts.into_iter().take(cap) {
             tasks.insert(&o.task_id);
             requests.push(request(
+                config,
                 o,
                 vec![c.best_n, c.worst_e],
                 format!(
@@ -443,10 +444,7 @@ pub fn synthesis_requests(
         }
     }
     if config.bootstrap {
-        let known: HashSet<&str> = entries
-            .iter()
-            .filter_map(|e| e.task_id.as_deref())
-            .collect();
+        let known: HashSet<&str> = entries.iter().filter_map(source_task).collect();
         for o in outcomes {
             if requests.len() >= cap {
                 break;
@@ -456,6 +454,7 @@ pub fn synthesis_requests(
                 continue;
             }
             requests.push(request(
+                config,
                 o,
                 vec![t],
                 format!(
@@ -470,6 +469,7 @@ pub fn synthesis_requests(
 }
 
 fn request(
+    config: &EdgeConfig,
     o: &GroupOutcome,
     trajectories: Vec<u64>,
     prompt: String,
@@ -478,12 +478,26 @@ fn request(
     let mut extra = serde_json::Map::new();
     extra.insert("edge_source".into(), json!(source));
     extra.insert("edge_group".into(), json!(o.group_id));
+    extra.insert(TASK_KEY.into(), json!(o.task_id));
     ReflectionRequest {
         kind: EntryKind::Experience,
         prompt,
         trajectories,
-        task_id: Some(o.task_id.clone()),
+        task_id: match config.scope {
+            Scope::Task => Some(o.task_id.clone()),
+            Scope::General => None,
+        },
         extra,
         ..ReflectionRequest::default()
     }
+}
+
+/// The entry `extra` key holding the task an experience came from (whatever its scope).
+pub const TASK_KEY: &str = "edge_task";
+
+/// The task an experience came from: its `task_id`, else `extra.edge_task`.
+fn source_task(e: &BankEntry) -> Option<&str> {
+    e.task_id
+        .as_deref()
+        .or_else(|| e.extra.get(TASK_KEY).and_then(|v| v.as_str()))
 }

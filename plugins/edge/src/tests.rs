@@ -532,6 +532,27 @@ fn experience_hurt_contrasts_become_reflections_weakest_kind_first() {
     e.observe(&report(0, rows.clone()), &host).unwrap();
     assert!(host.reflections.lock().unwrap().is_empty());
 
+    // `scope = "general"`: the experiences are general entries (any task may retrieve them),
+    // and the source task, kept in `extra.edge_task`, still counts as known to the bootstrap.
+    let host = MockHost::default();
+    let mut own = entry(9, None, "t1's own, general");
+    own.extra.insert("edge_task".into(), "t1".into());
+    host.put(own);
+    let mut e = edge(r#"{"update_frequency": 1, "update_threshold": 0.2, "scope": "general"}"#);
+    e.observe(&report(0, rows.clone()), &host).unwrap();
+    let r = host.reflections.lock().unwrap().clone();
+    let got: Vec<(Option<&str>, &serde_json::Value)> = r
+        .iter()
+        .map(|r| (r.task_id.as_deref(), &r.extra["edge_task"]))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (None, &serde_json::json!("t2")),
+            (None, &serde_json::json!("t3"))
+        ]
+    );
+
     // After the warm-up nothing reads new experiences: no reflections.
     let host = MockHost::default();
     let mut e = edge(r#"{"update_frequency": 1, "warmup_steps": 1}"#);
