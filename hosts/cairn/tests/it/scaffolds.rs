@@ -242,3 +242,37 @@ fn the_knowledge_example_config_parses() {
     assert!(ws.hinted_share > 0.0 && ws.keep_unsolved);
     assert_eq!(config.algorithm.label(), "grpo");
 }
+
+/// A reflector that is down: every reflection fails, the failures are counted by the skill
+/// creator and by the plugin, training goes on, and the bank holds no garbage.
+#[test]
+fn edge_trains_on_when_its_reflector_is_down_and_counts_the_failures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    // Port 9 (discard) on loopback: nothing listens, every request is refused at once.
+    let rl = train(
+        &run,
+        "\n[[algorithm.stack]]\nplugin = \"edge\"\nconfig = { header = \"\", top_k = 0, \
+         task_specific_top_k = 1, update_frequency = 1 }\n\n[skills]\nreflector = \"endpoint\"\n\
+         [skills.endpoint]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"none\"\n\
+         max_retries = 0\ntimeout_ms = 2000",
+        4,
+    );
+    assert_eq!(rl.len(), 4, "every step trained");
+    let requested: f64 = rl
+        .iter()
+        .map(|m| m["edge/reflections_requested"].as_f64().unwrap_or(0.0))
+        .sum();
+    let failed: f64 = rl
+        .iter()
+        .map(|m| m["edge/reflections_failed"].as_f64().unwrap())
+        .sum();
+    assert!(requested > 0.0, "{rl:?}");
+    assert!(failed > 0.0, "no failure reached the plugin: {rl:?}");
+    assert!(
+        rl.iter()
+            .any(|m| m["skills/errors"].as_f64().unwrap() > 0.0),
+        "{rl:?}"
+    );
+    assert!(bank(&run).is_empty(), "a failed reflection writes nothing");
+}
