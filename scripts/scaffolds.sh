@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces docs/scaffolds.md: GRPO against EDGE, ReSkill and Pats stacked on GRPO, on the
+# Reproduces docs/scaffolds.md: GRPO against EDGE (task-specific and general experiences),
+# ReSkill and Pats stacked on GRPO, on the
 # household's knowledge regime (examples/household-knowledge.toml), at equal RL steps, seeds
 # and warm start, several seeds each.
 #
@@ -32,7 +33,11 @@ plugin = "reskill"'
 stack[pats]='[[algorithm.stack]]
 plugin = "pats"
 config = { coef = 1.0 }'
-methods=(grpo edge reskill pats)
+# EDGE with general experiences: any task retrieves them by BM25 on its description.
+stack[edge_general]='[[algorithm.stack]]
+plugin = "edge"
+config = { warmup_steps = 1000, header = "", top_k = 1, task_specific_top_k = 0, update_frequency = 1, scope = "general" }'
+methods=(grpo edge reskill pats edge_general)
 
 jobs=()
 pairs=()
@@ -66,3 +71,20 @@ if [ "${#jobs[@]}" -gt 0 ]; then
         'target/release/cairn train "$1" > "${1%.toml}.log" 2>&1 || { echo "failed: $1 (see ${1%.toml}.log)"; exit 255; }' _ {}
 fi
 target/release/cairn compare --out docs/scaffolds.png "${pairs[@]}" | tee "$out/table.md"
+# EDGE's E/N curves and its bank, over the seeds.
+edge=() general=()
+for seed in "${seeds[@]}"; do
+    edge+=("edge=$out/edge-seed$seed")
+    general+=("edge_general=$out/edge_general-seed$seed")
+done
+target/release/cairn compare --out docs/scaffolds-edge-en.png \
+    --metric edge/success_e --metric edge/success_n "${edge[@]}" "${general[@]}" >/dev/null
+target/release/cairn compare --out docs/scaffolds-edge-bank.png \
+    --metric edge/bank_size "${edge[@]}" "${general[@]}" >/dev/null
+target/release/cairn compare --out docs/scaffolds-edge-utility.png \
+    --metric edge/bank_utility_mean "${edge[@]}" "${general[@]}" >/dev/null
+runs=()
+for method in "${methods[@]}"; do
+    for seed in "${seeds[@]}"; do runs+=("$out/$method-seed$seed"); done
+done
+python3 scripts/scaffolds_report.py "${runs[@]}" | tee "$out/usage.md"

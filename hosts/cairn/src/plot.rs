@@ -355,8 +355,13 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
         .iter()
         .flat_map(|(_, c)| c.iter().map(|p| p.1 - p.2))
         .fold(0.0, f64::min);
-    // Rates are drawn on [0, 1]; anything else (a bank size, a utility) on its own range.
-    let (y0, y1, floor, cap) = if top <= 1.0 && bottom >= 0.0 {
+    let rates = curves
+        .iter()
+        .flat_map(|(_, c)| c.iter())
+        .all(|p| (0.0..=1.0).contains(&p.1));
+    // Rates are drawn on [0, 1] (bands clipped to it); anything else (a bank size, a utility)
+    // on its own range.
+    let (y0, y1, floor, cap) = if rates {
         (0.0, 1.0, 0.0, 1.0)
     } else {
         let pad = 0.05 * (top - bottom).max(1e-9);
