@@ -132,6 +132,7 @@ impl crate::actors::rollout::RolloutSettings {
             top_p: r.top_p,
             max_new_tokens: r.max_new_tokens,
             max_turns: r.max_turns,
+            context_window: None,
         }
     }
 }

@@ -243,7 +243,10 @@ mod with_torch {
             algorithm_name: config.algorithm.label(),
             builder,
             codec: Arc::new(tokenizer.clone()),
-            rollout: RolloutSettings::from_config(config),
+            rollout: RolloutSettings {
+                context_window: Some(setup::context_window(config)?),
+                ..RolloutSettings::from_config(config)
+            },
             optimizer,
             reward: config.reward.clone(),
             objective: config.objective.clone(),

@@ -40,6 +40,9 @@ pub struct RolloutSettings {
     pub top_p: f32,
     pub max_new_tokens: u32,
     pub max_turns: u32,
+    /// The model's context window in tokens (the host reads it from the model); prompts that
+    /// do not fit with `max_new_tokens` are refused. `None`: not checked.
+    pub context_window: Option<usize>,
 }
 
 pub struct RolloutActor {
@@ -91,6 +94,7 @@ impl RolloutActor {
             },
             max_turns: self.max_turns(),
             step: step.unwrap_or(0),
+            context_window: self.settings.context_window,
         };
         let policy = self.policy.clone();
         let mut generate = |prompts: &[Vec<u32>], p: &SamplingParams| {

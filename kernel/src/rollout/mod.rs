@@ -41,6 +41,10 @@ pub struct PlayParams {
     pub max_turns: u32,
     /// The training step (handed to the per-turn context hook).
     pub step: u64,
+    /// The model's context window in tokens; a prompt that leaves no room for
+    /// `sampling.max_new_tokens` in it is an error naming the trajectory, the task, the
+    /// variant and the lengths. `None`: not checked.
+    pub context_window: Option<usize>,
 }
 
 /// The outcome of one trajectory.
@@ -151,6 +155,24 @@ pub fn play(
                 }
             }
             prompts.push(builder.prompt(&l.spec.variant, &l.observation)?);
+        }
+        if let Some(window) = params.context_window {
+            let room = params.sampling.max_new_tokens as usize;
+            for (l, prompt) in live.iter().zip(&prompts) {
+                if prompt.len() + room > window {
+                    return Err(crate::Error::Other(format!(
+                        "trajectory {} (task {}, turn {turn}, variant `{}`): the prompt is {} \
+                         tokens, and with max_new_tokens = {room} it does not fit the model's \
+                         context window of {window} tokens; shorten what the variant injects \
+                         ({} characters; see the plugin's length limit) or the observation",
+                        l.spec.trajectory_id,
+                        l.spec.task_id,
+                        l.spec.variant.label,
+                        prompt.len(),
+                        l.spec.variant.inject.chars().count()
+                    )));
+                }
+            }
         }
         let mut sampling = params.sampling.clone();
         sampling.seed = mix(params.sampling.seed, u64::from(turn));

@@ -113,6 +113,7 @@ mod tests {
             },
             max_turns: 1,
             step: 0,
+            context_window: None,
         };
         let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
             Ok((vec![generation.clone(); prompts.len()], 3))

@@ -147,6 +147,7 @@ fn a_tools_off_slot_has_its_tool_call_refused() {
         },
         max_turns: 4,
         step: 0,
+        context_window: None,
     };
     let mut turn = 0;
     let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {

@@ -276,3 +276,38 @@ fn edge_trains_on_when_its_reflector_is_down_and_counts_the_failures() {
     );
     assert!(bank(&run).is_empty(), "a failed reflection writes nothing");
 }
+
+/// An injection longer than the model's context window: a clear error with the lengths and
+/// what to shorten, before any update is trained on it.
+#[test]
+fn an_injection_longer_than_the_context_window_is_refused_with_the_lengths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let hint = vec!["look"; 1500].join(" ");
+    let text = hint_stack(
+        &run,
+        &format!("\n[[algorithm.stack]]\nplugin = \"hint\"\nconfig = {{ hint = \"{hint}\" }}"),
+    )
+    .replace("steps = 3", "steps = 1")
+    .replace("epochs = 8", "epochs = 1");
+    let cfg = write_config(tmp.path(), "long.toml", &text);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "variant `hint`): the prompt is 1536 tokens, and with max_new_tokens = 8 it \
+                      does not fit the model's context window of 1024 tokens; shorten what the \
+                      variant injects (7499 characters"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // The warm start trained; no RL step did.
+    let phases: Vec<serde_json::Value> = jsonl(&run.join("metrics.jsonl"))
+        .into_iter()
+        .map(|m| m["phase"].clone())
+        .collect();
+    assert!(phases.iter().any(|p| p == "warm_start"), "{phases:?}");
+    assert!(!phases.iter().any(|p| p == "rl"), "{phases:?}");
+}
