@@ -47,7 +47,9 @@ pub enum Error {
         wanted: &'static str,
     },
 
-    #[error("{0}")]
+    /// Displayed as the plugin error itself (and not also as its source), so a chain printed
+    /// with `{:#}` says it once.
+    #[error(transparent)]
     Plugin(#[from] PluginError),
 
     /// An algorithm plugin needs a host service (`Requirements` flag `flag`) that this host

@@ -294,8 +294,9 @@ impl Algorithm for Stack {
             serde_json::from_str(state).map_err(|e| {
                 PluginError::input(format!(
                     "the checkpoint's algorithm state is not the state of a stack of {} \
-                     plugins ({e}); resume with the stack the run was started with, or pass \
-                     --no-resume",
+                     plugins ({e}): the file is damaged, or was written by another stack; \
+                     resume from another checkpoint or with the stack the run was started \
+                     with, or pass --no-resume",
                     self.members.len()
                 ))
             })?;

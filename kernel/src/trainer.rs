@@ -117,6 +117,26 @@ impl Trainer<'_> {
                     },
                 )
                 .await??;
+                // A checkpoint with a run id (every one since run ids) was written with its
+                // bank snapshot and algorithm state: a missing one is damage, not an old
+                // format, and resuming without it would silently drop the bank or the
+                // plugins' state.
+                if !state.run_id.is_empty() {
+                    for (file, what) in [
+                        (crate::bank::snapshot_path(&dir), "bank snapshot"),
+                        (dir.join("algorithm.state"), "algorithm state"),
+                    ] {
+                        if !file.is_file() {
+                            return Err(Error::Other(format!(
+                                "{}: the checkpoint's {what} is missing (every checkpoint of \
+                                 this run wrote one); put the file back, resume from an \
+                                 earlier checkpoint (point checkpoints/latest at it), or start \
+                                 over with --no-resume",
+                                file.display()
+                            )));
+                        }
+                    }
+                }
                 // The bank as it was at the checkpoint; a checkpoint from before the bank
                 // existed had none, so the bank starts empty.
                 if crate::bank::snapshot_path(&dir).is_file() {
@@ -141,7 +161,10 @@ impl Trainer<'_> {
                 if algo_state.is_file() {
                     let text = std::fs::read_to_string(&algo_state)
                         .map_err(|e| Error::io(&algo_state, e))?;
-                    self.algorithm.lock().load_state(&text)?;
+                    self.algorithm
+                        .lock()
+                        .load_state(&text)
+                        .map_err(|e| Error::Other(format!("{}: {e}", algo_state.display())))?;
                 }
                 RunDir::truncate_jsonl(&self.run.metrics_path(), state.global_step)?;
                 RunDir::truncate_jsonl(&self.run.eval_path(), state.global_step)?;
@@ -449,8 +472,9 @@ impl Trainer<'_> {
         .await??;
         let mut report = report;
         if !report.rows.is_empty() {
+            // Numbered by RL step, like the training batches beside it.
             let batch = cairn_plugin_sdk::Batch {
-                step: state.global_step,
+                step: state.rl_steps,
                 rows: std::mem::take(&mut report.rows),
             };
             ask(

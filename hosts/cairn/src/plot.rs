@@ -328,10 +328,13 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
                 })
                 .collect();
             if curve.is_empty() {
-                anyhow::bail!(
-                    "no run of `{}` reports the metric `{metric}` in metrics.jsonl",
+                // A method that never logs this metric (grpo next to edge's `edge/success_e`)
+                // is left out of the figure, said so; the table still lists it.
+                eprintln!(
+                    "note: no run of `{}` reports `{metric}`; it is left out of the figure",
                     g.label
                 );
+                continue;
             }
             let label = if metrics.len() == 1 {
                 g.label.clone()
@@ -340,6 +343,17 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
             };
             curves.push((label, curve));
         }
+    }
+    if curves.is_empty() {
+        anyhow::bail!(
+            "no run reports {} in metrics.jsonl; name a key its lines have (e.g. \
+             `success_rate`)",
+            metrics
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        );
     }
     let root = BitMapBackend::new(out, (1100, 650)).into_drawing_area();
     root.fill(&WHITE)?;

@@ -60,8 +60,8 @@ impl Handler<RecordBatch> for ExperienceBankActor {
     }
 }
 
-/// Record the rows of a held-out evaluation (`trajectories/eval-{label}-{step}.json`, the
-/// batch form) when recording is on: the evidence that evaluations play the plain policy
+/// Record the rows of a held-out evaluation (`trajectories/eval-{label}-step-NNNNNN.json`,
+/// the batch form, numbered by the batch's step: the RL steps done) when recording is on: the evidence that evaluations play the plain policy
 /// (no scaffold, experience or skill ever reaches an evaluation prompt).
 #[derive(Message)]
 #[rtype(result = "Result<Option<PathBuf>>")]

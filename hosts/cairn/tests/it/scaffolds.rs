@@ -141,7 +141,7 @@ fn edge_writes_experiences_injects_them_into_half_of_each_group_and_distills() {
     ]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("no run of `edge` reports the metric `edge/nothing`"),
+        stderr(&out).contains("no run reports `edge/nothing` in metrics.jsonl"),
         "{}",
         stderr(&out)
     );
@@ -310,4 +310,60 @@ fn an_injection_longer_than_the_context_window_is_refused_with_the_lengths() {
         .collect();
     assert!(phases.iter().any(|p| p == "warm_start"), "{phases:?}");
     assert!(!phases.iter().any(|p| p == "rl"), "{phases:?}");
+}
+
+/// A damaged checkpoint: an `algorithm.state` that does not parse, or a missing bank
+/// snapshot, stops the resume with the file named (said once), before anything is written;
+/// put back, the run resumes.
+#[test]
+fn a_damaged_checkpoint_is_refused_with_the_file_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = hint_stack(&run, "\n[[algorithm.stack]]\nplugin = \"hint\"")
+        .replace("steps = 3", "steps = 2")
+        .replace("checkpoint_every = 0", "checkpoint_every = 1");
+    let cfg = write_config(tmp.path(), "hint.toml", &text);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let dir = run.join("checkpoints").join(latest.trim());
+    let metrics_before = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let resume = || cairn(&["train", cfg.to_str().unwrap(), "--steps", "3"]);
+
+    let state = dir.join("algorithm.state");
+    let good = std::fs::read(&state).unwrap();
+    std::fs::write(&state, b"not json").unwrap();
+    let out = resume();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains(&format!("{}:", state.display())), "{err}");
+    assert_eq!(
+        err.matches("is not the state of a stack").count(),
+        1,
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::write(&state, &good).unwrap();
+
+    let bank = dir.join("bank.sqlite");
+    let snapshot = std::fs::read(&bank).unwrap();
+    std::fs::remove_file(&bank).unwrap();
+    let out = resume();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "{}: the checkpoint's bank snapshot is missing",
+            bank.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
+        metrics_before,
+        "a refused resume writes nothing"
+    );
+    std::fs::write(&bank, &snapshot).unwrap();
+    let out = resume();
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
 }
