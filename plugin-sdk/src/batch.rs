@@ -155,6 +155,15 @@ impl TurnRow {
         self.train_prompt_ids.as_deref().unwrap_or(&self.prompt_ids)
     }
 
+    /// Per-token weights, `[L]`: `w` on the trainable (mask 1) tokens and 0 elsewhere, the
+    /// weights of a teacher target that distills the whole response.
+    pub fn mask_weights(&self, w: f32) -> Vec<f32> {
+        self.response_mask
+            .iter()
+            .map(|&m| f32::from(m) * w)
+            .collect()
+    }
+
     /// Number of trainable (mask 1) tokens.
     pub fn trainable_tokens(&self) -> usize {
         self.response_mask.iter().filter(|&&m| m == 1).count()

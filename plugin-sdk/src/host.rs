@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bank::{BankQuery, NewEntry, ReflectionRequest, Retrieved, StatsUpdate};
-use crate::batch::ContextVariant;
+use crate::batch::{ContextVariant, TurnRow};
 use crate::env::Observation;
 use crate::error::{PluginError, Result};
 
@@ -90,6 +90,23 @@ pub struct RenderRequest {
     pub variant: ContextVariant,
     pub observation: Observation,
     pub history: Vec<HistoryTurn>,
+}
+
+impl RenderRequest {
+    /// The prompt `row`'s observation (text and anchor, no history) gets under `variant`: the
+    /// context of a live teacher that scores the row's own response with the knowledge the
+    /// row's slot did not see (EDGE's, Pats' and the hint plugin's distillation).
+    pub fn for_row(variant: ContextVariant, row: &TurnRow) -> RenderRequest {
+        RenderRequest {
+            variant,
+            observation: Observation {
+                text: row.observation.clone(),
+                anchor: row.anchor.clone(),
+                ..Observation::default()
+            },
+            history: Vec::new(),
+        }
+    }
 }
 
 fn unavailable<T>(what: &str) -> Result<T> {

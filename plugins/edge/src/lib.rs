@@ -42,9 +42,8 @@ use std::collections::HashMap;
 
 use cairn_plugin_sdk::stats::trajectories;
 use cairn_plugin_sdk::{
-    Algorithm, Batch, ContextVariant, EntryKind, GroupRequest, Host, Observation, PluginError,
-    RenderRequest, Requirements, Result, Role, Signals, StepReport, TeacherSource, TeacherTarget,
-    TeacherTerm,
+    Algorithm, Batch, ContextVariant, EntryKind, GroupRequest, Host, PluginError, RenderRequest,
+    Requirements, Result, Role, Signals, StepReport, TeacherSource, TeacherTarget, TeacherTerm,
 };
 use serde::{Deserialize, Serialize};
 
@@ -191,26 +190,15 @@ impl Algorithm for Edge {
                 let context_ids = match rendered.get(&key) {
                     Some(ids) => ids.clone(),
                     None => {
-                        let ids = host.render_prompt(&RenderRequest {
-                            variant: (*variant).clone(),
-                            observation: Observation {
-                                text: row.observation.clone(),
-                                anchor: row.anchor.clone(),
-                                ..Observation::default()
-                            },
-                            history: Vec::new(),
-                        })?;
+                        let ids =
+                            host.render_prompt(&RenderRequest::for_row((*variant).clone(), row))?;
                         rendered.insert(key, ids.clone());
                         ids
                     }
                 };
                 targets.push(TeacherTarget {
                     row: i,
-                    weights: row
-                        .response_mask
-                        .iter()
-                        .map(|&m| (w * f64::from(m)) as f32)
-                        .collect(),
+                    weights: row.mask_weights(w as f32),
                     source: TeacherSource::Context { context_ids },
                 });
             }

@@ -30,9 +30,8 @@
 use cairn_plugin_sdk::stats::group_indices;
 use cairn_plugin_sdk::{
     Algorithm, BankQuery, Batch, ContextVariant, EntryKind, GroupRequest, Host, NewEntry,
-    Observation, PluginError, Provenance, RenderRequest, Requirements, Result, Role, Signals,
-    StepReport, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm, TurnContext,
-    TurnContextRequest,
+    PluginError, Provenance, RenderRequest, Requirements, Result, Role, Signals, StepReport,
+    TeacherForm, TeacherSource, TeacherTarget, TeacherTerm, TurnContext, TurnContextRequest,
 };
 use serde::{Deserialize, Serialize};
 
@@ -232,18 +231,10 @@ impl Algorithm for Hint {
             if !helped.contains(&row.group_id) || is_hinted(&row.variant) {
                 continue;
             }
-            let context_ids = host.render_prompt(&RenderRequest {
-                variant: self.hinted(),
-                observation: Observation {
-                    text: row.observation.clone(),
-                    anchor: row.anchor.clone(),
-                    ..Observation::default()
-                },
-                history: Vec::new(),
-            })?;
+            let context_ids = host.render_prompt(&RenderRequest::for_row(self.hinted(), row))?;
             targets.push(TeacherTarget {
                 row: i,
-                weights: row.response_mask.iter().map(|&m| f32::from(m)).collect(),
+                weights: row.mask_weights(1.0),
                 source: TeacherSource::Context { context_ids },
             });
         }

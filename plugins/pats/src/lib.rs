@@ -59,8 +59,8 @@ use std::collections::BTreeSet;
 
 use cairn_plugin_sdk::{
     Algorithm, BankQuery, Batch, ContextVariant, EntryKind, EntryStatus, GroupRequest, Host,
-    Observation, PluginError, RenderRequest, Requirements, Result, Role, Signals, StepReport,
-    TeacherForm, TeacherSource, TeacherTarget, TeacherTerm,
+    PluginError, RenderRequest, Requirements, Result, Role, Signals, StepReport, TeacherForm,
+    TeacherSource, TeacherTarget, TeacherTerm,
 };
 
 use crate::arms::{plain_variant, scaffolded_variant, GroupArms, Played, ScaffoldRef};
@@ -209,18 +209,11 @@ impl Algorithm for Pats {
                 }
                 for &i in g.without.iter().flat_map(|t| &t.rows) {
                     let row = &batch.rows[i];
-                    let context_ids = host.render_prompt(&RenderRequest {
-                        variant: variant.clone(),
-                        observation: Observation {
-                            text: row.observation.clone(),
-                            anchor: row.anchor.clone(),
-                            ..Observation::default()
-                        },
-                        history: Vec::new(),
-                    })?;
+                    let context_ids =
+                        host.render_prompt(&RenderRequest::for_row(variant.clone(), row))?;
                     targets.push(TeacherTarget {
                         row: i,
-                        weights: row.response_mask.iter().map(|&m| f32::from(m)).collect(),
+                        weights: row.mask_weights(1.0),
                         source: TeacherSource::Context { context_ids },
                     });
                 }
