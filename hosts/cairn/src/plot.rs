@@ -299,12 +299,13 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
             as_ * 100.0
         ));
         // Mean of each metric per RL step across the seeds that report it there.
+        // Each run's metrics.jsonl is read once, whatever the number of metrics drawn.
+        let series: Vec<Series> = g.runs.iter().map(|r| load(r)).collect::<Result<_>>()?;
         for metric in metrics {
-            let per_run: Vec<std::collections::BTreeMap<usize, f64>> = g
-                .runs
+            let per_run: Vec<std::collections::BTreeMap<usize, f64>> = series
                 .iter()
-                .map(|r| {
-                    let raw: Vec<(usize, f64)> = load(r)?
+                .map(|run| {
+                    let raw: Vec<(usize, f64)> = run
                         .rl
                         .iter()
                         .enumerate()
@@ -314,9 +315,9 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
                         .collect();
                     let values: Vec<f64> = raw.iter().map(|&(_, v)| v).collect();
                     let smooth = trailing_mean(&values, SMOOTHING_STEPS);
-                    Ok(raw.iter().map(|&(i, _)| i).zip(smooth).collect())
+                    raw.iter().map(|&(i, _)| i).zip(smooth).collect()
                 })
-                .collect::<Result<_>>()?;
+                .collect();
             let steps: std::collections::BTreeSet<usize> =
                 per_run.iter().flat_map(|r| r.keys().copied()).collect();
             let curve: Vec<(f64, f64, f64)> = steps
