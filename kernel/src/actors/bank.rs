@@ -45,24 +45,32 @@ pub struct RecordBatch {
     pub batch: Batch,
 }
 
-impl Handler<RecordBatch> for ExperienceBankActor {
-    type Result = Result<Option<PathBuf>>;
-    fn handle(&mut self, msg: RecordBatch, _: &mut Self::Context) -> Self::Result {
+impl ExperienceBankActor {
+    /// Writes `batch` as `<record_dir>/{name}.json` when recording is on.
+    fn record(&self, name: &str, batch: &Batch) -> Result<Option<PathBuf>> {
         let Some(dir) = &self.record_dir else {
             return Ok(None);
         };
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let path = dir.join(format!("step-{:06}.json", msg.batch.step));
-        let text = serde_json::to_string(&msg.batch)
-            .map_err(|e| Error::Other(format!("serialising batch: {e}")))?;
+        let path = dir.join(format!("{name}.json"));
+        let text = serde_json::to_string(batch)
+            .map_err(|e| Error::Other(format!("serialising {name}: {e}")))?;
         crate::run::write_atomic(&path, text.as_bytes())?;
         Ok(Some(path))
     }
 }
 
+impl Handler<RecordBatch> for ExperienceBankActor {
+    type Result = Result<Option<PathBuf>>;
+    fn handle(&mut self, msg: RecordBatch, _: &mut Self::Context) -> Self::Result {
+        self.record(&format!("step-{:06}", msg.batch.step), &msg.batch)
+    }
+}
+
 /// Record the rows of a held-out evaluation (`trajectories/eval-{label}-step-NNNNNN.json`,
-/// the batch form, numbered by the batch's step: the RL steps done) when recording is on: the evidence that evaluations play the plain policy
-/// (no scaffold, experience or skill ever reaches an evaluation prompt).
+/// the batch form, numbered by the batch's step: the RL steps done) when recording is on:
+/// the evidence that evaluations play the plain policy (no scaffold, experience or skill ever
+/// reaches an evaluation prompt).
 #[derive(Message)]
 #[rtype(result = "Result<Option<PathBuf>>")]
 pub struct RecordEvaluation {
@@ -73,20 +81,15 @@ pub struct RecordEvaluation {
 impl Handler<RecordEvaluation> for ExperienceBankActor {
     type Result = Result<Option<PathBuf>>;
     fn handle(&mut self, msg: RecordEvaluation, _: &mut Self::Context) -> Self::Result {
-        let Some(dir) = &self.record_dir else {
-            return Ok(None);
-        };
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let label: String = msg
             .label
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let path = dir.join(format!("eval-{label}-step-{:06}.json", msg.batch.step));
-        let text = serde_json::to_string(&msg.batch)
-            .map_err(|e| Error::Other(format!("serialising evaluation rows: {e}")))?;
-        crate::run::write_atomic(&path, text.as_bytes())?;
-        Ok(Some(path))
+        self.record(
+            &format!("eval-{label}-step-{:06}", msg.batch.step),
+            &msg.batch,
+        )
     }
 }
 
