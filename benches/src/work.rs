@@ -2,7 +2,8 @@
 //! step, on inputs shared with the Python reference.
 //!
 //! - `generate`: [`PolicyBackend::generate`] (batched sampling with the preallocated KV cache,
-//!   log-prob of every sampled token).
+//!   log-prob of every sampled token; greedy at temperature 0, with the generated ids in the
+//!   result's `check.ids`).
 //! - `score`: [`PolicyBackend::score`] with the live weights (the optimizer's `ℓ_old` pass and
 //!   the teacher re-scoring path).
 //! - `train`: [`RlLoss::from_rows`] plus [`PolicyBackend::train_step`] (forward with grad per
@@ -98,7 +99,14 @@ fn generate(spec: &Spec) -> Result<(Timing, Value, Value)> {
         Ok(backend.generate(&inputs.prompts, &params)?)
     })?;
     let tokens: usize = last.iter().map(|g| g.ids.len()).sum();
-    Ok(((times, setup_rss), json!({"new_tokens": tokens}), json!({})))
+    // Greedy decoding is deterministic, so the suite can check that every engine generated
+    // the same ids; sampled ids depend on each side's RNG and are not compared.
+    let check = if inputs.temperature == 0.0 {
+        json!({"ids": last.iter().map(|g| &g.ids).collect::<Vec<_>>()})
+    } else {
+        json!({})
+    };
+    Ok(((times, setup_rss), json!({"new_tokens": tokens}), check))
 }
 
 fn score(spec: &Spec) -> Result<(Timing, Value, Value)> {

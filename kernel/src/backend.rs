@@ -40,6 +40,22 @@ pub struct Generation {
     pub finish_reason: FinishReason,
 }
 
+/// Receives each token while [`PolicyBackend::generate_streaming`] samples it (the gateway's
+/// streaming and cancellation). Called on the policy actor's thread, between decode steps, so
+/// it must not block.
+pub trait TokenSink: Send {
+    /// Sampling starts on the weights of `policy_version`; called once, before any token, by
+    /// the policy actor ([`crate::actors::policy::GenerateStream`]).
+    fn begin(&mut self, policy_version: u64);
+
+    /// Row `row` (an index into the prompts) sampled `id`, with `log softmax(logits / T)` =
+    /// `logprob` nats; `finish` is set when this id ends the row (a stop id, or
+    /// `max_new_tokens`). Returns `false` when nobody wants the row's later tokens: the
+    /// backend then samples no more for it (its finish reason becomes
+    /// [`FinishReason::Aborted`]) and stops the batch once no row is left.
+    fn token(&mut self, row: usize, id: u32, logprob: f32, finish: Option<FinishReason>) -> bool;
+}
+
 /// A (context, response) pair to score or train on.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sequence {
@@ -123,6 +139,38 @@ pub trait PolicyBackend: Send {
         prompts: &[Vec<u32>],
         params: &SamplingParams,
     ) -> Result<Vec<Generation>>;
+
+    /// [`PolicyBackend::generate`], each sampled id handed to `sink` as it is sampled; a row
+    /// the sink refuses stops there (finish reason [`FinishReason::Aborted`]). Stopping rows
+    /// never changes the other rows' samples. The default samples the whole batch first and
+    /// then replays it to the sink (no early stop); backends that decode step by step
+    /// override it.
+    fn generate_streaming(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        sink: &mut dyn TokenSink,
+    ) -> Result<Vec<Generation>> {
+        let mut out = self.generate(prompts, params)?;
+        for (row, g) in out.iter_mut().enumerate() {
+            for k in 0..g.ids.len() {
+                let last = k + 1 == g.ids.len();
+                let wanted = sink.token(
+                    row,
+                    g.ids[k],
+                    g.logprobs[k],
+                    last.then_some(g.finish_reason),
+                );
+                if !wanted && !last {
+                    g.ids.truncate(k + 1);
+                    g.logprobs.truncate(k + 1);
+                    g.finish_reason = FinishReason::Aborted;
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
 
     /// Log-probs `[L]` of each response token after its prompt, at `temperature`, no grad.
     fn score(

@@ -9,14 +9,16 @@ and the repetitions. The result is one JSON line on stdout (see `emit`).
 
 Implementations, by kind:
 - generate / transformers: `model.generate()` (do_sample, top_k 0, top_p 1, DynamicCache) plus
-  the log-prob of each sampled token, as Cairn's `generate` reports them.
+  the log-prob of each sampled token, as Cairn's `generate` reports them; at temperature 0,
+  plain greedy `generate()` (do_sample False), with the generated ids in `check.ids`.
 - score / torch: one forward per chunk with `logits_to_keep`, f32 `log_softmax`, `gather`.
 - train / torch: forward with grad per micro-batch, a plain PyTorch clipped surrogate
   (token-mean over the whole step, dual clip, log-ratio clamp: Cairn's `RlLoss` with the
   default objective), backward, `clip_grad_norm_`, `torch.optim.AdamW`.
 - train / trl: TRL's `GRPOTrainer.compute_loss` (loss_type "dapo": token mean over the step)
   on the same micro-batches, then the same backward, clipping and AdamW.
-- matmul / torch: f32 matrix products at given shapes, GFLOP/s (the roofline's peak).
+- matmul / torch: f32 matrix products at given shapes, GFLOP/s (the roofline's peak); with
+  `weight_layout` "nk" the second operand is a transposed [n, k] matrix (a Linear's `x @ W.T`).
 
 Layout is Cairn's: every (prompt + response) row is left-padded, positions count from the
 first real token, and only the last R + 1 positions reach the LM head.
@@ -146,6 +148,16 @@ def run_generate(spec, inputs, torch, sync, setup_rss_fn):
     setup_rss = setup_rss_fn()
     seed = [inputs["seed"]]
 
+    greedy = inputs["temperature"] == 0.0
+
+    def once_greedy():
+        # Plain greedy generate(), as a user calls it (no output_scores: Cairn's side also
+        # computes each token's log-prob, so this leaves transformers the lighter work).
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 temperature=None, top_p=None, top_k=None, max_new_tokens=new)
+            return out[:, width:].cpu().tolist(), None
+
     def once():
         torch.manual_seed(seed[0])
         seed[0] += 1
@@ -166,9 +178,9 @@ def run_generate(spec, inputs, torch, sync, setup_rss_fn):
             logp = scores.log_softmax(-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
             return sampled.cpu().tolist(), logp.cpu().tolist()
 
-    times, (sampled, _) = timed(once, spec["warmup"], spec["reps"], sync)
+    times, (sampled, _) = timed(once_greedy if greedy else once, spec["warmup"], spec["reps"], sync)
     tokens = sum(len(s) for s in sampled)
-    emit(spec, times, {"new_tokens": tokens}, setup_rss)
+    emit(spec, times, {"new_tokens": tokens}, setup_rss, check={"ids": sampled} if greedy else None)
 
 
 def run_score(spec, inputs, torch, sync, setup_rss_fn):
@@ -338,16 +350,20 @@ def run_matmul(spec, inputs, torch, sync, setup_rss_fn):
     device = spec.get("device", "cpu")
     setup_rss = setup_rss_fn()
     results = []
+    # "nk": the second operand is a transposed [n, k] matrix, as in `x @ W.T` of a Linear layer
+    # (and of a tied LM head); "kn" (default): a plain [k, n] matrix.
+    nk = inputs.get("weight_layout", "kn") == "nk"
     for m, k, n in inputs["shapes"]:
         a = torch.randn(m, k, device=device)
-        b = torch.randn(k, n, device=device)
+        b = torch.randn(n, k, device=device).t() if nk else torch.randn(k, n, device=device)
         flops = 2.0 * m * k * n
         reps = max(3, min(200, int(2e10 / flops)))
-        (times, _), _ = timed(lambda: a @ b, 2, reps, sync)
+        (times, cpu), _ = timed(lambda: a @ b, 2, reps, sync)
         best = min(times)
         med = statistics.median(times)
         results.append({"shape": [m, k, n], "gflops_best": flops / best / 1e9,
-                        "gflops_median": flops / med / 1e9})
+                        "gflops_median": flops / med / 1e9,
+                        "gflops_cpu_median": flops / max(statistics.median(cpu), 1e-9) / 1e9})
     emit(spec, [], {}, setup_rss, extra={"matmul": results})
 
 

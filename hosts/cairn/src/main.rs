@@ -5,10 +5,11 @@
 //! `cairn-kernel` (actors, objective, plugins), `cairn-torch` (the model) and the plugins.
 //!
 //! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `bank`, `config`,
-//! and with the `torch` feature `logprobs`.
+//! `import gguf`, and with the `torch` feature `logprobs`.
 
 mod bank_cmd;
 mod commands;
+mod import;
 mod plot;
 mod progress;
 #[cfg(feature = "torch")]
@@ -151,6 +152,11 @@ enum Command {
     },
     /// Print the embedded default pipeline config.
     Config,
+    /// Convert a model from another format into a Hugging Face model directory.
+    Import {
+        #[command(subcommand)]
+        command: import::ImportCommand,
+    },
     /// Print the per-token log-probs of responses under a model, as JSON.
     #[cfg(feature = "torch")]
     #[command(allow_negative_numbers = true)]
@@ -236,6 +242,7 @@ fn main() -> ExitCode {
             record,
         } => serve::serve(&config, bind, checkpoint.as_deref(), record),
         Command::Bank { command } => bank_cmd::run(command),
+        Command::Import { command } => import::run(command),
         Command::Config => {
             print!("{DEFAULT_CONFIG}");
             Ok(())

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 
 use actix::prelude::*;
 
-use crate::backend::{Generation, PolicyBackend, SamplingParams, Sequence, StepReport, Weights};
+use crate::backend::{
+    Generation, PolicyBackend, SamplingParams, Sequence, StepReport, TokenSink, Weights,
+};
 use crate::error::{Error, Result};
 use crate::loss::TokenLoss;
 
@@ -72,6 +74,30 @@ impl Handler<Generate> for PolicyActor {
             let policy_version = b.policy_version();
             Ok(Generated {
                 generations: b.generate(&msg.prompts, &msg.params)?,
+                policy_version,
+            })
+        })
+    }
+}
+
+/// [`Generate`], each token handed to `sink` as it is sampled (the gateway streams and
+/// cancels with it; [`PolicyBackend::generate_streaming`]).
+#[derive(Message)]
+#[rtype(result = "Result<Generated>")]
+pub struct GenerateStream {
+    pub prompts: Vec<Vec<u32>>,
+    pub params: SamplingParams,
+    pub sink: Box<dyn TokenSink>,
+}
+
+impl Handler<GenerateStream> for PolicyActor {
+    type Result = Result<Generated>;
+    fn handle(&mut self, mut msg: GenerateStream, _: &mut Self::Context) -> Self::Result {
+        self.guarded("generate", |b| {
+            let policy_version = b.policy_version();
+            msg.sink.begin(policy_version);
+            Ok(Generated {
+                generations: b.generate_streaming(&msg.prompts, &msg.params, &mut *msg.sink)?,
                 policy_version,
             })
         })

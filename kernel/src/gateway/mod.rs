@@ -7,8 +7,9 @@
 //!
 //! - [`request`]: request bodies → a checked [`request::Job`] (prompt ids rendered by the
 //!   model's chat template, sampling parameters);
-//! - [`sampler::Sampler`]: batches concurrent requests into `Generate` calls on the policy
-//!   actor; pauses around weight updates;
+//! - [`sampler::Sampler`]: batches concurrent requests into generation calls on the policy
+//!   actor and hands each request its ids as they are sampled; pauses around weight updates;
+//! - [`call::Call`]: a request being sampled, answered whole or streamed while it samples;
 //! - [`response`]: sampled ids → response bodies and stream chunks, ids verbatim;
 //! - [`store::EpisodeStore`] and [`segment`]: episodes, prefix merging, rewards, timeouts,
 //!   training rows;
@@ -19,6 +20,7 @@
 //! recorded.
 
 pub mod api_error;
+pub mod call;
 pub mod request;
 pub mod response;
 pub mod sampler;
@@ -34,14 +36,18 @@ use actix::Recipient;
 use cairn_plugin_sdk::{
     ContextVariant, Environment, EnvironmentInfo, Episode, PluginError, TaskInfo, TaskRef,
 };
+use futures::StreamExt;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 pub use api_error::{ApiError, ApiErrorKind};
+pub use call::Call;
 pub use request::{Job, RequestSettings, Route};
 pub use response::Output;
-pub use sampler::{PauseSampling, ResumeSampling, Sample, Sampler, StopSampling};
+pub use sampler::{
+    PauseSampling, ResumeSampling, Sample, SampleEvent, Sampler, SamplingStats, StopSampling,
+};
 pub use segment::{SampledChoice, Segment};
 pub use source::{EpisodeSource, StopCollecting};
 pub use store::{CallRecord, EpisodeSettings, EpisodeStore};
@@ -268,6 +274,7 @@ struct Inner {
     settings: RequestSettings,
     store: Arc<Mutex<EpisodeStore>>,
     sampler: Recipient<Sample>,
+    sampling: Arc<SamplingStats>,
     requests: AtomicU64,
     /// The version of the latest sample (0 before any).
     version: AtomicU64,
@@ -306,11 +313,13 @@ fn body_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 }
 
 impl Gateway {
+    /// `sampling`: the sampler's counters ([`Sampler::stats`]), shown by `/health`.
     pub fn new(
         format: ChatFormat,
         settings: RequestSettings,
         store: Arc<Mutex<EpisodeStore>>,
         sampler: Recipient<Sample>,
+        sampling: Arc<SamplingStats>,
     ) -> Gateway {
         Gateway {
             inner: Arc::new(Inner {
@@ -318,6 +327,7 @@ impl Gateway {
                 settings,
                 store,
                 sampler,
+                sampling,
                 requests: AtomicU64::new(0),
                 version: AtomicU64::new(0),
             }),
@@ -340,14 +350,15 @@ impl Gateway {
         }]})
     }
 
-    /// Checks and samples a completion request (`episode`: the episode it belongs to).
-    pub async fn complete(
+    /// Checks a completion request and queues it (`episode`: the episode it belongs to);
+    /// resolves once its batch started, with the call whose tokens then come as sampled.
+    pub async fn start(
         &self,
         route: Route,
         body: &[u8],
         episode: Option<&str>,
         anchor: Option<String>,
-    ) -> Result<Completed, ApiError> {
+    ) -> Result<Call, ApiError> {
         let inner = &self.inner;
         if let Some(id) = episode {
             inner.store.lock().check_open(id, Instant::now())?;
@@ -367,36 +378,50 @@ impl Gateway {
             .iter()
             .flat_map(|p| std::iter::repeat_n(p.clone(), job.n))
             .collect();
-        let sampled = inner
+        let rows = prompts.len();
+        let (events, mut received) = sampler::events_channel(rows, params.max_new_tokens);
+        inner
             .sampler
             .send(Sample {
                 prompts,
                 params,
                 seeded: job.seeded,
+                events,
             })
             .await
             // The sampler stops only on shutdown (`StopSampling`).
             .map_err(|_| sampler::shutting_down())??;
-        inner
-            .version
-            .fetch_max(sampled.policy_version, Ordering::Relaxed);
-        let tokenizer = inner.format.tokenizer();
-        let outputs = sampled
-            .generations
-            .into_iter()
-            .map(|g| Output::new(&job, g, tokenizer, inner.format.stop_ids()))
-            .collect::<crate::Result<Vec<_>>>()?;
+        let mut responses = sampler::Responses::new(rows);
+        while responses.policy_version.is_none() {
+            match received.next().await {
+                Some(event) => {
+                    responses.apply(event)?;
+                }
+                None => return Err(sampler::ended_early(false)),
+            }
+        }
+        let version = responses.policy_version.unwrap_or(0);
+        inner.version.fetch_max(version, Ordering::Relaxed);
         let request_id = format!("{:x}", inner.requests.fetch_add(1, Ordering::Relaxed));
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        Ok(Completed {
-            job,
-            outputs,
-            policy_version: sampled.policy_version,
-            request_id,
-            created,
-        })
+        Ok(Call::new(job, request_id, created, received, responses))
+    }
+
+    /// Checks and samples a completion request, answered whole ([`Gateway::start`], then
+    /// [`Call::finish`]).
+    pub async fn complete(
+        &self,
+        route: Route,
+        body: &[u8],
+        episode: Option<&str>,
+        anchor: Option<String>,
+    ) -> Result<Completed, ApiError> {
+        self.start(route, body, episode, anchor)
+            .await?
+            .finish(self)
+            .await
     }
 
     fn meta<'a>(&'a self, c: &'a Completed) -> response::Meta<'a> {
@@ -416,16 +441,6 @@ impl Gateway {
             &self.meta(c),
             self.inner.format.tokenizer(),
         )
-    }
-
-    /// The stream chunks (SSE `data:` payloads, without `[DONE]`).
-    pub fn chunks(&self, c: &Completed) -> Result<Vec<Json>, ApiError> {
-        Ok(response::chunks(
-            &c.job,
-            &c.outputs,
-            &self.meta(c),
-            self.inner.format.tokenizer(),
-        )?)
     }
 
     /// Records a delivered response in its episode: one call per prompt. Returns the receipt
@@ -510,6 +525,7 @@ impl Gateway {
             "episodes_open": store.open_count(),
             "episodes_ready": store.ready_count(),
             "stats": store.stats(),
+            "sampling": self.inner.sampling.to_json(),
         })
     }
 }

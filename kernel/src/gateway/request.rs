@@ -224,6 +224,7 @@ impl RequestSettings {
         &self,
         c: &Common,
         in_episode: bool,
+        prompt_param: &str,
         prompt_len: usize,
     ) -> Result<(SamplingParams, usize, bool, Vec<String>), ApiError> {
         self.check_model(c.model.as_deref())?;
@@ -266,11 +267,13 @@ impl RequestSettings {
                 format!("n must be in [1, {}], got {n}", self.max_n),
             ));
         }
+        let asked = c.max_tokens.or(c.max_completion_tokens);
         if prompt_len >= self.context_window {
-            return Err(self.too_long(prompt_len, 0));
+            let asked = asked.filter(|&m| m >= 1).map(|m| m as u64);
+            return Err(self.too_long(prompt_param, prompt_len, asked));
         }
         let room = self.context_window - prompt_len;
-        let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
+        let max_tokens = match asked {
             Some(m) if m < 1 => {
                 return Err(ApiError::invalid(
                     "max_tokens",
@@ -279,7 +282,7 @@ impl RequestSettings {
                 .with_code("integer_below_min_value"))
             }
             Some(m) if m as u64 > room as u64 => {
-                return Err(self.too_long(prompt_len, m as u64));
+                return Err(self.too_long(prompt_param, prompt_len, Some(m as u64)));
             }
             Some(m) => m as u32,
             None => self.default_max_tokens.min(room as u32),
@@ -305,17 +308,23 @@ impl RequestSettings {
         Ok((params, n as usize, c.seed.is_some(), stop))
     }
 
-    fn too_long(&self, prompt: usize, completion: u64) -> ApiError {
-        ApiError::invalid(
-            "messages",
-            format!(
-                "this model's maximum context length is {} tokens; the request needs {} \
-                 ({prompt} in the prompt, {completion} for the completion)",
-                self.context_window,
-                prompt as u64 + completion
+    /// The 400 of a request past the context window: names the window, the prompt's tokens
+    /// and `max_tokens` (when the request gave one).
+    fn too_long(&self, param: &str, prompt: usize, max_tokens: Option<u64>) -> ApiError {
+        let window = self.context_window;
+        let message = match max_tokens {
+            Some(m) => format!(
+                "this model's maximum context length is {window} tokens, but the request needs \
+                 {}: {prompt} prompt tokens + max_tokens {m}; shorten the prompt or lower \
+                 max_tokens",
+                prompt as u64 + m
             ),
-        )
-        .with_code("context_length_exceeded")
+            None => format!(
+                "this model's maximum context length is {window} tokens, but the prompt has \
+                 {prompt} tokens, which leaves no room for a completion; shorten the prompt"
+            ),
+        };
+        ApiError::invalid(param, message).with_code("context_length_exceeded")
     }
 
     /// Parses a `/v1/chat/completions` body.
@@ -351,7 +360,8 @@ impl RequestSettings {
         )?;
         let tools = body.tools.filter(|t| !t.is_empty() && !tools_off);
         let prompt = format.prompt_ids(&messages, tools.as_deref())?;
-        let (params, n, seeded, stop) = self.common(&body.common, in_episode, prompt.len())?;
+        let (params, n, seeded, stop) =
+            self.common(&body.common, in_episode, "messages", prompt.len())?;
         Ok(Job {
             route: Route::Chat,
             prompts: vec![prompt],
@@ -416,7 +426,7 @@ impl RequestSettings {
             ));
         }
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let (params, n, seeded, stop) = self.common(&body.common, in_episode, longest)?;
+        let (params, n, seeded, stop) = self.common(&body.common, in_episode, "prompt", longest)?;
         if prompts.len() * n > self.max_n * 4 {
             return Err(ApiError::invalid(
                 "prompt",

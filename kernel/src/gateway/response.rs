@@ -8,8 +8,13 @@
 //! from text (agent-lightning #326): every body and every stream chunk carries the sampled
 //! `token_ids`, and the chunks of a stream concatenate to exactly the sampled ids.
 //!
-//! Extra fields, beside the OpenAI ones: `prompt_token_ids` (top level), `token_ids` (per
-//! choice, or per chunk), `policy_version` and `system_fingerprint = "cairn-v{version}"`, and
+//! Streams are made while sampling ([`ChoiceStream`]): each choice's chunks go out as its ids
+//! are sampled, and its last chunks come from the same [`Output`] the non-streaming body is
+//! made from.
+//!
+//! Extra fields, beside the OpenAI ones: `prompt_token_ids` (chat: top level, on each role
+//! chunk of a stream; completions: per choice, on its first chunk), `token_ids` (per choice,
+//! or per chunk), `policy_version` and `system_fingerprint = "cairn-v{version}"`, and
 //! `cairn` (the episode receipt, added by the service).
 
 use cairn_plugin_sdk::FinishReason;
@@ -212,110 +217,178 @@ pub fn body(job: &Job, outputs: &[Output], meta: &Meta<'_>, tokenizer: &Tokenize
     Json::Object(m)
 }
 
-/// Splits sampled ids into stream pieces `(text delta, ids)`: a piece ends where the decoded
-/// prefix is valid text (no dangling UTF-8), so deltas concatenate to the full text and ids
-/// to the sampled ids.
-pub fn stream_pieces(
-    ids: &[u32],
-    text: &str,
-    tokenizer: &Tokenizer,
-) -> crate::Result<Vec<(String, Vec<u32>)>> {
-    let mut pieces = Vec::new();
-    let (mut emitted, mut start) = (0usize, 0usize);
-    for k in 1..=ids.len() {
-        let prefix = tokenizer.decode(&ids[..k])?;
-        let complete = !prefix.ends_with('\u{FFFD}') && prefix.len() >= emitted;
-        if complete || k == ids.len() {
-            // Never emit past the visible text (a stop string or the trailing stop id).
-            let upto = prefix.len().min(text.len()).max(emitted);
-            let delta = text.get(emitted..upto).unwrap_or_default().to_owned();
-            emitted = upto;
-            pieces.push((delta, ids[start..k].to_vec()));
-            start = k;
-        }
+fn stream_object(job: &Job) -> &'static str {
+    match job.route {
+        Route::Chat => "chat.completion.chunk",
+        Route::Completions => "text_completion",
     }
-    if emitted < text.len() {
-        match pieces.last_mut() {
-            Some(last) => last.0.push_str(&text[emitted..]),
-            None => pieces.push((text[emitted..].to_owned(), Vec::new())),
-        }
-    }
-    Ok(pieces)
 }
 
-/// The chunks of a stream, in order (without the final `[DONE]`). Chat: a role chunk per
-/// choice with the prompt ids, then content deltas with their ids; the ids from the first
-/// `<tool_call>` on travel in one chunk with the parsed `tool_calls`; then the finish chunk
-/// and, when asked, the usage chunk.
-pub fn chunks(
-    job: &Job,
-    outputs: &[Output],
-    meta: &Meta<'_>,
-    tokenizer: &Tokenizer,
-) -> crate::Result<Vec<Json>> {
-    let chat = job.route == Route::Chat;
-    let object = if chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let chunk = |choice: Json| {
-        let mut m = meta.base(object);
-        m.insert("choices".into(), json!([choice]));
-        Json::Object(m)
-    };
-    let mut out = Vec::new();
-    for (i, o) in outputs.iter().enumerate() {
-        let prompt_ids = &job.prompts[i / job.n];
-        if chat {
-            let mut first = chunk(
-                json!({"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": null, "finish_reason": null, "token_ids": []}),
-            );
-            first["prompt_token_ids"] = json!(prompt_ids);
-            out.push(first);
+/// A stream chunk holding one choice.
+fn chunk(job: &Job, meta: &Meta<'_>, choice: Json) -> Json {
+    let mut m = meta.base(stream_object(job));
+    m.insert("choices".into(), json!([choice]));
+    Json::Object(m)
+}
+
+/// Chat streams open each choice with `{"role": "assistant", "content": ""}` and no ids; this
+/// chunk carries the prompt ids at the top level.
+pub fn role_chunk(job: &Job, meta: &Meta<'_>, index: usize) -> Json {
+    let mut c = chunk(
+        job,
+        meta,
+        json!({"index": index, "delta": {"role": "assistant", "content": ""},
+               "logprobs": null, "finish_reason": null, "token_ids": []}),
+    );
+    c["prompt_token_ids"] = json!(job.prompts[index / job.n]);
+    c
+}
+
+/// The usage chunk that ends a stream with `stream_options.include_usage`.
+pub fn usage_chunk(job: &Job, outputs: &[Output], meta: &Meta<'_>) -> Json {
+    let mut m = meta.base(stream_object(job));
+    m.insert("choices".into(), json!([]));
+    m.insert("usage".into(), usage(job, outputs));
+    Json::Object(m)
+}
+
+/// The earliest char boundary `p` where `text[p..]` is a non-empty proper prefix of `marker`:
+/// text from there on may still become `marker`.
+fn partial_suffix(text: &str, marker: &str) -> Option<usize> {
+    let from = text.len().saturating_sub(marker.len().saturating_sub(1));
+    (from..text.len()).find(|&p| text.is_char_boundary(p) && marker.starts_with(&text[p..]))
+}
+
+/// One choice of a stream in progress: what its chunks have carried so far.
+///
+/// While the choice samples, [`ChoiceStream::progress`] sends what is already certain: the
+/// decoded text up to where it is complete UTF-8, short of any stop string (found, or
+/// possibly starting at the end of the text), short of `<tool_call>` and the whitespace before
+/// it when the request has tools; and the ids up to the last one, unless a stop string or
+/// `<tool_call>` has appeared (the ids past it are decided when the choice ends). When the
+/// choice ends, [`ChoiceStream::finish`] sends the rest from its [`Output`], the same one a
+/// non-streaming request returns: the chunks' text concatenates to the output's content
+/// (chat) or text (completions), and their ids to its ids.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChoiceStream {
+    /// Text the chunks carried.
+    sent_text: String,
+    /// Ids the chunks carried.
+    sent_ids: usize,
+    /// Completions: the prompt ids went out (in the choice's first chunk).
+    announced: bool,
+}
+
+impl ChoiceStream {
+    /// A content chunk for choice `index`, whose sampled prefix is `ids`/`logprobs` (`[L]`,
+    /// the row not ended), when something new is certain; see the type's docs.
+    pub fn progress(
+        &mut self,
+        job: &Job,
+        meta: &Meta<'_>,
+        index: usize,
+        ids: &[u32],
+        logprobs: &[f32],
+        tokenizer: &Tokenizer,
+    ) -> crate::Result<Option<Json>> {
+        let text = tokenizer.decode(ids)?;
+        if text.ends_with('\u{FFFD}') || !text.starts_with(&self.sent_text) {
+            return Ok(None); // a character is incomplete (or the decoder rewrote earlier text)
         }
-        // With tool calls, the prose streams as content and the rest goes in one chunk.
-        let prose_len = match (&o.content, o.tool_calls.is_empty()) {
-            (_, true) => o.text.len(),
-            (Some(c), false) => c.len(),
-            (None, false) => 0,
-        };
-        let mut offset = 0usize;
-        let mut pos = 0usize;
-        for (delta, ids) in stream_pieces(&o.ids, &o.text, tokenizer)? {
-            let shown = delta.len().min(prose_len.saturating_sub(offset));
-            offset += delta.len();
-            let logprobs = job.logprobs.then(|| {
-                logprobs_json(
-                    job.route,
-                    &ids,
-                    &o.logprobs[pos..pos + ids.len()],
-                    tokenizer,
-                )
-            });
-            pos += ids.len();
-            let mut c = if chat {
-                let d = json!({"content": &delta[..shown]});
-                chunk(json!({"index": i, "delta": d, "logprobs": logprobs,
-                             "finish_reason": null, "token_ids": ids}))
-            } else {
-                chunk(json!({"index": i, "text": delta, "logprobs": logprobs,
-                             "finish_reason": null, "token_ids": ids}))
-            };
-            if !chat
-                && out
-                    .iter()
-                    .all(|c: &Json| c["choices"][0]["index"] != json!(i))
-            {
-                c["prompt_token_ids"] = json!(prompt_ids);
+        let mut bound = text.len();
+        let mut hold_ids = false;
+        if let Some(p) = first_stop(&text, &job.stop) {
+            bound = p;
+            hold_ids = true;
+        }
+        for s in &job.stop {
+            if let Some(p) = partial_suffix(&text, s) {
+                bound = bound.min(p);
             }
-            out.push(c);
         }
+        if job.parse_tools {
+            let tool = text
+                .find(TOOL_CALL_OPEN)
+                .or_else(|| partial_suffix(&text, TOOL_CALL_OPEN));
+            if let Some(p) = tool {
+                bound = bound.min(p);
+                hold_ids = true;
+            }
+            // Prose before a tool call is returned without its trailing whitespace.
+            bound = text[..bound].trim_end().len();
+        }
+        let bound = bound.max(self.sent_text.len());
+        let delta = &text[self.sent_text.len()..bound];
+        let new_ids = if hold_ids {
+            &ids[..0]
+        } else {
+            &ids[self.sent_ids.min(ids.len())..]
+        };
+        if delta.is_empty() && new_ids.is_empty() {
+            return Ok(None);
+        }
+        let from = self.sent_ids;
+        let c = self.content_chunk(
+            job,
+            meta,
+            index,
+            delta,
+            new_ids,
+            &logprobs[from..from + new_ids.len()],
+            tokenizer,
+        );
+        self.sent_text.push_str(delta);
+        self.sent_ids += new_ids.len();
+        Ok(Some(c))
+    }
+
+    /// The last chunks of choice `index`, which ended with `output`: the rest of its text and
+    /// ids, then the chunk with its finish reason (and, chat with tools, the parsed
+    /// `tool_calls` with the ids not sent yet: those from the first `<tool_call>` on).
+    pub fn finish(
+        &mut self,
+        job: &Job,
+        meta: &Meta<'_>,
+        index: usize,
+        output: &Output,
+        tokenizer: &Tokenizer,
+    ) -> Vec<Json> {
+        let chat = job.route == Route::Chat;
+        let with_tools = chat && !output.tool_calls.is_empty();
+        let content = match (chat, with_tools) {
+            (true, true) => output.content.as_deref().unwrap_or(""),
+            _ => output.text.as_str(),
+        };
+        let rest_text = match content.strip_prefix(self.sent_text.as_str()) {
+            Some(rest) => rest,
+            None => {
+                tracing::warn!(
+                    sent = %self.sent_text,
+                    content,
+                    "a streamed choice's text is not a prefix of its final text"
+                );
+                content.get(self.sent_text.len()..).unwrap_or("")
+            }
+        };
+        let from = self.sent_ids.min(output.ids.len());
+        let (rest_ids, rest_logprobs) = (&output.ids[from..], &output.logprobs[from..]);
+        let mut out = Vec::new();
+        let content_ids: &[u32] = if with_tools { &[] } else { rest_ids };
+        if !rest_text.is_empty() || !content_ids.is_empty() {
+            let lps = &rest_logprobs[..content_ids.len()];
+            out.push(self.content_chunk(job, meta, index, rest_text, content_ids, lps, tokenizer));
+        }
+        let (last_ids, last_logprobs) = if with_tools {
+            (rest_ids, rest_logprobs)
+        } else {
+            (&[][..], &[][..])
+        };
+        let logprobs = (job.logprobs && !last_ids.is_empty())
+            .then(|| logprobs_json(job.route, last_ids, last_logprobs, tokenizer));
         let mut last = if chat {
             let mut delta = json!({});
-            if !o.tool_calls.is_empty() {
-                let calls = o.tool_calls_json(meta.request_id, i);
+            if with_tools {
+                let calls = output.tool_calls_json(meta.request_id, index);
                 let indexed: Vec<Json> = calls
                     .as_array()
                     .map(|a| {
@@ -331,22 +404,63 @@ pub fn chunks(
                     .unwrap_or_default();
                 delta["tool_calls"] = Json::Array(indexed);
             }
-            chunk(json!({"index": i, "delta": delta, "logprobs": null,
-                         "finish_reason": o.finish_reason(), "token_ids": []}))
+            chunk(
+                job,
+                meta,
+                json!({"index": index, "delta": delta, "logprobs": logprobs,
+                       "finish_reason": output.finish_reason(), "token_ids": last_ids}),
+            )
         } else {
-            chunk(json!({"index": i, "text": "", "logprobs": null,
-                         "finish_reason": o.finish_reason(), "token_ids": []}))
+            chunk(
+                job,
+                meta,
+                json!({"index": index, "text": "", "logprobs": logprobs,
+                       "finish_reason": output.finish_reason(), "token_ids": last_ids}),
+            )
         };
-        if out.is_empty() {
-            last["prompt_token_ids"] = json!(prompt_ids);
-        }
+        self.announce(job, index, &mut last);
+        self.sent_ids += last_ids.len();
         out.push(last);
+        out
     }
-    if job.include_usage {
-        let mut m = meta.base(object);
-        m.insert("choices".into(), json!([]));
-        m.insert("usage".into(), usage(job, outputs));
-        out.push(Json::Object(m));
+
+    /// Completions: the choice's first chunk carries its prompt ids (in the choice, as in
+    /// the non-streaming body).
+    fn announce(&mut self, job: &Job, index: usize, c: &mut Json) {
+        if job.route == Route::Completions && !std::mem::replace(&mut self.announced, true) {
+            c["choices"][0]["prompt_token_ids"] = json!(job.prompts[index / job.n]);
+        }
     }
-    Ok(out)
+
+    #[allow(clippy::too_many_arguments)]
+    fn content_chunk(
+        &mut self,
+        job: &Job,
+        meta: &Meta<'_>,
+        index: usize,
+        delta: &str,
+        ids: &[u32],
+        logprobs: &[f32],
+        tokenizer: &Tokenizer,
+    ) -> Json {
+        let logprobs = job
+            .logprobs
+            .then(|| logprobs_json(job.route, ids, logprobs, tokenizer));
+        let mut c = match job.route {
+            Route::Chat => chunk(
+                job,
+                meta,
+                json!({"index": index, "delta": {"content": delta}, "logprobs": logprobs,
+                       "finish_reason": null, "token_ids": ids}),
+            ),
+            Route::Completions => chunk(
+                job,
+                meta,
+                json!({"index": index, "text": delta, "logprobs": logprobs,
+                       "finish_reason": null, "token_ids": ids}),
+            ),
+        };
+        self.announce(job, index, &mut c);
+        c
+    }
 }

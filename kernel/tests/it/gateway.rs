@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use cairn_kernel::actors::policy::PolicyActor;
-use cairn_kernel::backend::{Generation, NullBackend};
-use cairn_kernel::gateway::response::{self, Meta};
+use cairn_kernel::backend::NullBackend;
 use cairn_kernel::gateway::{
     EpisodeSettings, EpisodeStore, Gateway, MissingReward, RequestSettings, Route, RowMode, Sampler,
 };
 use cairn_kernel::text::ChatFormat;
-use cairn_plugin_sdk::FinishReason;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use serde_json::{json, Value as Json};
 
@@ -47,7 +46,9 @@ fn gateway(response: &[u32]) -> Gateway {
             }))
         }
     });
-    let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 16, 0).start();
+    let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 16, 0);
+    let sampling = sampler.stats();
+    let sampler = sampler.start();
     let store = EpisodeStore::new(EpisodeSettings {
         timeout: Duration::from_secs(60),
         missing_reward: MissingReward::Drop,
@@ -67,6 +68,7 @@ fn gateway(response: &[u32]) -> Gateway {
         settings,
         Arc::new(Mutex::new(store)),
         sampler.recipient(),
+        sampling,
     )
 }
 
@@ -160,73 +162,123 @@ fn a_fed_back_tool_call_merges_with_the_newline_kept() {
     });
 }
 
+/// The SSE body of a streamed call, parsed: its chunks (without `[DONE]`).
+async fn stream_chunks(gw: &Gateway, request: &Json, episode: Option<&str>) -> Vec<Json> {
+    let body = serde_json::to_vec(request).unwrap();
+    let call = gw.start(Route::Chat, &body, episode, None).await.unwrap();
+    let pieces: Vec<String> = gw.stream(call, episode.map(str::to_owned)).collect().await;
+    let text = pieces.concat();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
 /// agent-lightning #326 in a stream: the chunks' ids concatenate to the sampled ids (the
 /// `<tool_call>` ids 151657/151658 are never re-derived from text), and the text deltas to the
-/// text.
+/// text; with tools, the call arrives parsed in the finish chunk with the ids from
+/// `<tool_call>` on. The streamed call records what the non-streamed one returns.
 #[test]
 fn stream_chunks_pass_special_token_ids_through() {
     let case_ids = vec![151657, 198, 4913, 606, 788, 330, 69, 16707, 151658];
     let buggy = [
         27, 14172, 13429, 397, 4913, 606, 788, 330, 69, 16707, 522, 14172, 13429, 29,
     ];
-    let format = format();
-    let settings = RequestSettings {
-        model_name: "cairn".into(),
-        context_window: 4096,
-        default_max_tokens: 64,
-        max_n: 4,
-        training_sampling: None,
-    };
-    for with_tools in [false, true] {
-        let mut request = json!({"model": "cairn", "stream": true, "logprobs": true,
-                                 "messages": [{"role": "user", "content": "call f"}]});
-        if with_tools {
-            request["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
-        }
-        let job = settings
-            .chat(&serde_json::to_vec(&request).unwrap(), &format, false)
-            .unwrap();
-        let generation = Generation {
-            ids: case_ids.clone(),
-            logprobs: vec![-0.25; case_ids.len()],
-            finish_reason: FinishReason::Length,
-        };
-        let out =
-            response::Output::new(&job, generation, format.tokenizer(), format.stop_ids()).unwrap();
-        assert_eq!(out.text, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>");
-        assert_eq!(out.tool_calls.len(), usize::from(with_tools));
-        let meta = Meta {
-            request_id: "r",
-            model: "cairn",
-            created: 0,
-            policy_version: 0,
-        };
-        let chunks = response::chunks(&job, &[out], &meta, format.tokenizer()).unwrap();
-        let streamed: Vec<u32> = chunks
-            .iter()
-            .flat_map(|c| ids(&c["choices"][0]["token_ids"]))
-            .collect();
-        assert_eq!(streamed, case_ids);
-        assert_ne!(streamed[..], buggy[..]);
-        let text: String = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-            .collect();
-        let logprobs: usize = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
-            .map(Vec::len)
-            .sum();
-        assert_eq!(logprobs, case_ids.len());
-        if with_tools {
-            assert_eq!(text, "", "the tool call is not content");
+    System::new().block_on(async {
+        for with_tools in [false, true] {
+            let gw = gateway(&case_ids);
+            let mut request = json!({"model": "cairn", "stream": true, "logprobs": true,
+                                     "max_tokens": case_ids.len(), "seed": 1,
+                                     "messages": [{"role": "user", "content": "call f"}]});
+            if with_tools {
+                request["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
+            }
+            let opened = gw.open_episode(b"{}").unwrap();
+            let ep = opened["episode_id"].as_str().unwrap().to_owned();
+            let chunks = stream_chunks(&gw, &request, Some(&ep)).await;
+            let streamed: Vec<u32> = chunks
+                .iter()
+                .flat_map(|c| ids(&c["choices"][0]["token_ids"]))
+                .collect();
+            assert_eq!(streamed, case_ids);
+            assert_ne!(streamed[..], buggy[..]);
+            let text: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let logprobs: usize = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+                .map(Vec::len)
+                .sum();
+            assert_eq!(logprobs, case_ids.len());
             let last = &chunks[chunks.len() - 1]["choices"][0];
-            assert_eq!(last["finish_reason"], "tool_calls");
-            assert_eq!(last["delta"]["tool_calls"][0]["function"]["name"], "f");
-        } else {
-            assert_eq!(text, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>");
+            if with_tools {
+                assert_eq!(text, "", "the tool call is not content");
+                assert_eq!(last["finish_reason"], "tool_calls");
+                assert_eq!(last["delta"]["tool_calls"][0]["function"]["name"], "f");
+                assert_eq!(ids(&last["token_ids"]), case_ids);
+            } else {
+                assert_eq!(text, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>");
+                assert_eq!(last["finish_reason"], "length");
+            }
+            // Recorded once the last chunk was taken: the ids the stream carried.
+            let view = gw.view(&ep).unwrap();
+            assert_eq!(
+                ids(&view["calls"][0]["choices"][0]["token_ids"]),
+                case_ids,
+                "{view}"
+            );
+            // The same request without `stream` returns the same choice.
+            request["stream"] = json!(false);
+            let body = serde_json::to_vec(&request).unwrap();
+            let whole = gw.complete(Route::Chat, &body, None, None).await.unwrap();
+            assert_eq!(whole.outputs[0].ids, case_ids);
+            let expected = whole.outputs[0].content.clone().unwrap_or_default();
+            assert_eq!(text, if with_tools { String::new() } else { expected });
         }
-    }
+    });
+}
+
+/// Stop strings in a stream: no chunk carries text from the stop string on, and the chunks
+/// concatenate to the non-streamed text and ids (cut after the id that completes the stop
+/// string), whether the stop string is a whole token's text or spans two.
+#[test]
+fn streamed_stop_strings_match_the_whole_answer() {
+    // " Paris is sunny\n\nNext" in Qwen3 ids, then <|im_end|>.
+    let tokenizer = qwen3();
+    let case_ids = tokenizer.encode(" Paris is sunny\n\nNext").unwrap();
+    let mut generated = case_ids.clone();
+    generated.push(151645);
+    System::new().block_on(async {
+        for stop in ["sunny", "ny\n", "is s", "\n\n", "Next", "zzz"] {
+            let gw = gateway(&generated);
+            let mut request = json!({"model": "cairn", "stream": true, "seed": 2,
+                                     "max_tokens": 32, "stop": [stop],
+                                     "messages": [{"role": "user", "content": "weather?"}]});
+            let chunks = stream_chunks(&gw, &request, None).await;
+            let text: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let streamed: Vec<u32> = chunks
+                .iter()
+                .flat_map(|c| ids(&c["choices"][0]["token_ids"]))
+                .collect();
+            request["stream"] = json!(false);
+            let body = serde_json::to_vec(&request).unwrap();
+            let whole = gw.complete(Route::Chat, &body, None, None).await.unwrap();
+            let o = &whole.outputs[0];
+            assert_eq!(text, o.text, "stop {stop:?}");
+            assert_eq!(streamed, o.ids, "stop {stop:?}");
+            let full = " Paris is sunny\n\nNext";
+            assert_eq!(o.text, &full[..full.find(stop).unwrap_or(full.len())]);
+            let finish = &chunks[chunks.len() - 1]["choices"][0]["finish_reason"];
+            assert_eq!(finish, "stop", "stop {stop:?}");
+        }
+    });
 }
 
 /// trl #4159: only episode calls under training are pinned to the training temperature;
@@ -257,7 +309,23 @@ fn training_temperature_applies_to_episode_calls_only() {
         .completion(long.as_bytes(), &format, false)
         .unwrap_err();
     assert_eq!(
-        (e.status(), e.code.as_deref()),
-        (400, Some("context_length_exceeded"))
+        (e.status(), e.code.as_deref(), e.param.as_deref()),
+        (400, Some("context_length_exceeded"), Some("prompt"))
+    );
+    assert_eq!(
+        e.message,
+        "this model's maximum context length is 4096 tokens, but the request needs 5002: 2 \
+         prompt tokens + max_tokens 5000; shorten the prompt or lower max_tokens"
+    );
+    // A prompt that alone fills the window, max_tokens not given.
+    let ids: Vec<u32> = vec![11; 4096];
+    let alone = json!({"model": "cairn", "prompt": ids}).to_string();
+    let e = settings
+        .completion(alone.as_bytes(), &format, false)
+        .unwrap_err();
+    assert_eq!(
+        e.message,
+        "this model's maximum context length is 4096 tokens, but the prompt has 4096 tokens, \
+         which leaves no room for a completion; shorten the prompt"
     );
 }

@@ -139,6 +139,14 @@ fn graph_problems(graph: &Graph) -> Vec<String> {
         if name == "cairn-kernel" && reach.contains("actix-web") {
             problems.push("`cairn-kernel` reaches actix-web: the gateway is HTTP-free".into());
         }
+        if name == "cairn-gguf" {
+            for bad in direct.iter().filter(|d| d.starts_with("cairn")) {
+                problems.push(format!(
+                    "`cairn-gguf` depends on `{bad}`: the importer stands alone (a GGUF file in, \
+                     a Hugging Face directory out)"
+                ));
+            }
+        }
     }
     problems
 }
@@ -171,6 +179,7 @@ fn crate_graph_keeps_the_architecture_invariants() {
         "cairn-kernel",
         "cairn-torch",
         "cairn-grpo",
+        "cairn-gguf",
     ] {
         assert!(
             graph.members.contains_key(crate_name),
@@ -197,11 +206,17 @@ fn graph_check_catches_a_plugin_that_reaches_tch() {
         .get_mut("cairn-household")
         .expect("household")
         .insert("abi_stable".into());
+    graph
+        .normal
+        .get_mut("cairn-gguf")
+        .expect("gguf")
+        .insert("cairn-kernel".into());
     let problems = graph_problems(&graph);
     assert!(
         problems.contains(&"`cairn-grpo` depends on `tch`: plugins and the SDK see token ids, f32 arrays and JSON only".to_string())
             && problems.contains(&"`cairn-grpo` depends on `tch`: only [\"cairn-torch\", \"cairn\", \"cairn-bench\"] may link libtorch".to_string())
-            && problems.contains(&"`cairn-household` depends on abi_stable directly: only cairn-plugin-sdk names its types".to_string()),
+            && problems.contains(&"`cairn-household` depends on abi_stable directly: only cairn-plugin-sdk names its types".to_string())
+            && problems.contains(&"`cairn-gguf` depends on `cairn-kernel`: the importer stands alone (a GGUF file in, a Hugging Face directory out)".to_string()),
         "{problems:#?}"
     );
 }

@@ -31,7 +31,7 @@ use std::path::Path;
 
 use cairn_kernel::backend::{
     version_unavailable, Generation, OptimizerSettings, PolicyBackend, SamplingParams, Sequence,
-    StepReport, Weights,
+    StepReport, TokenSink, Weights,
 };
 use cairn_kernel::loss::{TeacherRequest, TeacherScores, TokenLoss, TokenScores};
 use cairn_plugin_sdk::Scored;
@@ -501,6 +501,26 @@ impl PolicyBackend for TorchBackend {
         )
         .entered();
         Ok(crate::sampling::generate(&self.policy, prompts, params)?)
+    }
+
+    fn generate_streaming(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        sink: &mut dyn TokenSink,
+    ) -> cairn_kernel::Result<Vec<Generation>> {
+        let _span = tracing::debug_span!(
+            "generate_streaming",
+            prompts = prompts.len(),
+            version = self.policy_version
+        )
+        .entered();
+        Ok(crate::sampling::generate_with(
+            &self.policy,
+            prompts,
+            params,
+            Some(sink),
+        )?)
     }
 
     fn score(

@@ -113,6 +113,18 @@ pub enum Error {
         model_vocab: usize,
     },
 
+    /// A model directory whose `tokenizer.json` can produce ids at or past the embedding's
+    /// rows (`vocab_size` of its `config.json`): refused at load, before any compute.
+    #[error("{tokenizer}: the tokenizer's ids go up to {max_id} ({tokenizer_ids} ids), but {config} gives the model {model_vocab} embedding rows (`vocab_size`); the tokenizer belongs to a different model: put the model's own tokenizer files in the directory")]
+    TokenizerExceedsEmbedding {
+        tokenizer: PathBuf,
+        config: PathBuf,
+        /// The largest id of the vocabulary, added tokens included.
+        max_id: u32,
+        tokenizer_ids: usize,
+        model_vocab: usize,
+    },
+
     /// A checkpoint file that exists but does not hold what [`crate::checkpoint`] writes.
     #[error("checkpoint {path}: {reason}; {CHECKPOINT_HINT}")]
     Checkpoint { path: PathBuf, reason: String },

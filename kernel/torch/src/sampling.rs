@@ -19,7 +19,7 @@
 //! `SamplingParams::seed`, stream = row index); the draw picks an id by inverse CDF on the
 //! device. Same seed, same prompts → same samples; libtorch's global RNG is never used.
 
-use cairn_kernel::backend::{Generation, SamplingParams};
+use cairn_kernel::backend::{Generation, SamplingParams, TokenSink};
 use cairn_plugin_sdk::FinishReason;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -35,6 +35,19 @@ pub fn generate(
     model: &CausalLm,
     prompts: &[Vec<u32>],
     params: &SamplingParams,
+) -> Result<Vec<Generation>> {
+    generate_with(model, prompts, params, None)
+}
+
+/// [`generate`], each sampled id handed to `sink` right after its decode step; a row the sink
+/// refuses samples no more (finish reason [`FinishReason::Aborted`]) but keeps riding along
+/// in the batch like a finished row, so the other rows' samples are those [`generate`] gives.
+/// The loop ends once no row is live.
+pub fn generate_with(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    mut sink: Option<&mut dyn TokenSink>,
 ) -> Result<Vec<Generation>> {
     let _guard = tch::no_grad_guard();
     let vocab_size = model.config().vocab_size;
@@ -108,16 +121,27 @@ pub fn generate(
         let ids_host: Vec<i64> = Vec::try_from(&ids)?;
         let logp_host: Vec<f32> = Vec::try_from(&logp)?;
         for (row, g) in out.iter_mut().enumerate() {
-            if g.finish_reason == FinishReason::Stop || g.ids.len() == max_new {
+            // Live rows are those still at the initial `Length` below the limit.
+            if g.finish_reason != FinishReason::Length || g.ids.len() == max_new {
                 continue;
             }
             let id = ids_host[row] as u32;
             g.ids.push(id);
             g.logprobs.push(logp_host[row]);
-            if params.stop_ids.contains(&id) {
+            let finish = if params.stop_ids.contains(&id) {
                 g.finish_reason = FinishReason::Stop;
+                Some(FinishReason::Stop)
+            } else {
+                (g.ids.len() == max_new).then_some(FinishReason::Length)
+            };
+            let wanted = match sink.as_deref_mut() {
+                Some(sink) => sink.token(row, id, logp_host[row], finish),
+                None => true,
+            };
+            if finish.is_some() {
                 live -= 1;
-            } else if g.ids.len() == max_new {
+            } else if !wanted {
+                g.finish_reason = FinishReason::Aborted;
                 live -= 1;
             }
         }

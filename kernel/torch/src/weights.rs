@@ -269,6 +269,34 @@ impl LoadPlan {
     }
 }
 
+/// Errors ([`Error::TokenizerExceedsEmbedding`]) when `dir` holds a `tokenizer.json` with an
+/// id (added tokens included, also those of `tokenizer_config.json`) that has no row in the embedding of `config` (`vocab_size`):
+/// such a model would index past its embedding on the first prompt. A directory without a
+/// `tokenizer.json` (a checkpoint's `policy/`) passes; an unreadable one is an error naming
+/// the file. A tokenizer with fewer ids than rows is normal (Qwen3: 151,669 ids, 151,936 rows).
+pub fn check_tokenizer_fits(dir: &Path, config: &crate::model::ModelConfig) -> Result<()> {
+    let path = dir.join("tokenizer.json");
+    if !path.is_file() {
+        return Ok(());
+    }
+    // As the hosts load it: with the added tokens of tokenizer_config.json.
+    let tokenizer = cairn_kernel::text::Tokenizer::from_dir(dir)?;
+    let vocab = tokenizer.inner().get_vocab(true);
+    let Some(max_id) = vocab.values().copied().max() else {
+        return Ok(());
+    };
+    if max_id as usize >= config.vocab_size {
+        return Err(Error::TokenizerExceedsEmbedding {
+            tokenizer: path,
+            config: dir.join(CONFIG_FILE),
+            max_id,
+            tokenizer_ids: vocab.len(),
+            model_vocab: config.vocab_size,
+        });
+    }
+    Ok(())
+}
+
 /// Loads every parameter of `model` from the HF directory `dir`.
 pub fn load_model_dir(model: &CausalLm, dir: &Path) -> Result<()> {
     Catalog::model_dir(dir)?

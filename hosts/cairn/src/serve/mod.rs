@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{Context, Result};
-use cairn_kernel::actors::policy::{Generate, PolicyActor};
+use cairn_kernel::actors::policy::{GenerateStream, PolicyActor};
 use cairn_kernel::actors::threads::SyncThreads;
 use cairn_kernel::backend::PolicyBackend;
 use cairn_kernel::config::PipelineConfig;
@@ -30,6 +30,7 @@ use cairn_kernel::gateway::{
     StopCollecting, StopSampling,
 };
 use cairn_kernel::text::{ChatFormat, Tokenizer};
+use futures::future::{self, Either};
 use parking_lot::Mutex;
 
 use cairn::setup;
@@ -63,7 +64,7 @@ pub fn start(
     config: &PipelineConfig,
     gateway_config: &GatewayConfig,
     tokenizer: &Tokenizer,
-    policy: Recipient<Generate>,
+    policy: Recipient<GenerateStream>,
     training: bool,
     bind: &str,
 ) -> Result<Started> {
@@ -85,8 +86,9 @@ pub fn start(
         Duration::from_millis(gateway_config.batch_window_ms),
         gateway_config.max_batch_prompts,
         cairn_kernel::rollout::mix(config.run.seed, 0x6A7E),
-    )
-    .start();
+    );
+    let sampling = sampler.stats();
+    let sampler = sampler.start();
     let source = EpisodeSource {
         store: store.clone(),
         group_size: r.group_size,
@@ -94,8 +96,14 @@ pub fn start(
     }
     .start();
     // The HTTP side holds only this recipient: once the sampler stops, a request that still
-    // comes gets the 503 from `Gateway::complete`.
-    let gateway = Gateway::new(format, settings, store, sampler.clone().recipient());
+    // comes gets the 503 from `Gateway::start`.
+    let gateway = Gateway::new(
+        format,
+        settings,
+        store,
+        sampler.clone().recipient(),
+        sampling,
+    );
     let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
     let data = actix_web::web::Data::new(gateway.clone());
@@ -133,7 +141,11 @@ pub fn start(
 }
 
 /// `cairn serve CONFIG`: the config's model (optionally a checkpoint's weights) behind the
-/// gateway, until interrupted. Finished episodes are appended to `record` as JSON lines.
+/// gateway, until SIGINT (Ctrl-C) or SIGTERM. Finished episodes are appended to `record` as
+/// JSON lines. A signal stops the gateway in its shutdown order ([`Started::shutdown`]: the
+/// requests in flight are answered, streams included, later ones get a 503 or a refused
+/// connection), writes the episodes that finished meanwhile, and exits 0; a second signal
+/// exits at once (status 130).
 pub fn serve(
     config_path: &Path,
     bind: Option<String>,
@@ -177,10 +189,27 @@ pub fn serve(
                 false,
                 &bind,
             )?;
-            // Until interrupted; an error recording episodes stops the server cleanly.
-            let recorded = record_episodes(&started, record.as_deref()).await;
+            // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
+            let recording = Box::pin(record_episodes(&started, record.as_deref()));
+            let recorded = match future::select(recording, Box::pin(signalled())).await {
+                Either::Left((recorded, _)) => recorded,
+                Either::Right((signal, _)) => {
+                    eprintln!(
+                        "gateway: {signal}: answering the requests in flight, then stopping \
+                         (a second signal stops at once)"
+                    );
+                    actix::spawn(async {
+                        let again = signalled().await;
+                        eprintln!("gateway: {again} again: stopping at once");
+                        std::process::exit(130);
+                    });
+                    Ok(())
+                }
+            };
+            let gateway = started.gateway.clone();
             started.shutdown().await;
-            recorded
+            // The episodes that finished while the server stopped.
+            recorded.and_then(|()| append_finished(&gateway, record.as_deref()))
         }
         .await;
         (threads, served)
@@ -190,27 +219,55 @@ pub fn serve(
 /// Every 200 ms, appends the finished episodes to `record` as JSON lines (forever, or until
 /// a write fails).
 async fn record_episodes(started: &Started, record: Option<&Path>) -> Result<()> {
-    let store = started.gateway.store().clone();
     loop {
         actix::clock::sleep(Duration::from_millis(200)).await;
-        let Some(path) = record else { continue };
-        let finished = store.lock().drain_ready();
-        if finished.is_empty() {
-            continue;
+        append_finished(&started.gateway, record)?;
+    }
+}
+
+/// Appends the episodes finished since the last call to `record` as JSON lines (nothing
+/// without `--record`).
+fn append_finished(gateway: &Gateway, record: Option<&Path>) -> Result<()> {
+    let Some(path) = record else { return Ok(()) };
+    let finished = gateway.store().lock().drain_ready();
+    if finished.is_empty() {
+        return Ok(());
+    }
+    let mut lines = String::new();
+    for e in finished {
+        let line = serde_json::json!({"episode_id": e.id, "task_id": e.group_key,
+            "reward": e.reward, "success": e.success, "rows": e.rows});
+        lines.push_str(&line.to_string());
+        lines.push('\n');
+    }
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(lines.as_bytes()))
+        .with_context(|| format!("appending episodes to {}", path.display()))
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM, naming it. A signal whose handler cannot be
+/// installed is never awaited (the other still is).
+async fn signalled() -> &'static str {
+    use actix_web::rt::signal::{self, unix};
+    let terminate = async {
+        match unix::signal(unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => future::pending::<()>().await,
         }
-        let mut lines = String::new();
-        for e in finished {
-            let line = serde_json::json!({"episode_id": e.id, "task_id": e.group_key,
-                "reward": e.reward, "success": e.success, "rows": e.rows});
-            lines.push_str(&line.to_string());
-            lines.push('\n');
+    };
+    let interrupt = async {
+        if signal::ctrl_c().await.is_err() {
+            future::pending::<()>().await;
         }
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| f.write_all(lines.as_bytes()))
-            .with_context(|| format!("appending episodes to {}", path.display()))?;
+    };
+    match future::select(Box::pin(interrupt), Box::pin(terminate)).await {
+        Either::Left(_) => "interrupted (SIGINT)",
+        Either::Right(_) => "terminated (SIGTERM)",
     }
 }

@@ -14,8 +14,9 @@
 //!
 //! A call on `/v1/...` with an `X-Cairn-Episode` header belongs to that episode too;
 //! `X-Cairn-Anchor` gives the GiGPO anchor key of the turn (or `cairn.anchor` in the body).
-//! Every failure is an OpenAI error body with its status; a stream whose client goes away is
-//! dropped, and its call is not recorded (the harness never saw it).
+//! Every failure is an OpenAI error body with its status. Streams are sent as the ids are
+//! sampled; a stream whose client goes away is dropped, its rows stop sampling, and its call
+//! is not recorded (the harness never saw it).
 
 use std::convert::Infallible;
 
@@ -133,11 +134,16 @@ async fn complete(
     };
     let episode = episode_of(&req);
     let anchor = header(&req, "x-cairn-anchor");
-    let done = match gw.complete(route, &body, episode.as_deref(), anchor).await {
-        Ok(done) => done,
+    let call = match gw.start(route, &body, episode.as_deref(), anchor).await {
+        Ok(call) => call,
         Err(e) => return failed(&req, episode.as_deref(), e),
     };
-    if !done.job.stream {
+    if !call.job.stream {
+        // Dropped with the handler when the client goes away: the sampler then stops its rows.
+        let done = match call.finish(&gw).await {
+            Ok(done) => done,
+            Err(e) => return failed(&req, episode.as_deref(), e),
+        };
         let mut body = gw.body(&done);
         if let Some(id) = &episode {
             match gw.record(&done, id) {
@@ -147,30 +153,15 @@ async fn complete(
         }
         return HttpResponse::Ok().json(body);
     }
-    let chunks = match gw.chunks(&done) {
-        Ok(chunks) => chunks,
-        Err(e) => return error(&e),
-    };
-    let gw = gw.into_inner();
-    let events = chunks
-        .into_iter()
-        .map(|c| Ok::<_, Infallible>(Bytes::from(format!("data: {c}\n\n"))));
-    // Polled only after every chunk was taken by the connection: the client got the
-    // response, so the call is recorded. A client that went away drops the stream first.
-    let tail = futures::stream::once(async move {
-        let mut tail = String::new();
-        if let Some(id) = &episode {
-            if let Err(e) = gw.record(&done, id) {
-                tail.push_str(&format!("data: {}\n\n", e.to_json()));
-            }
-        }
-        tail.push_str("data: [DONE]\n\n");
-        Ok::<_, Infallible>(Bytes::from(tail))
-    });
+    // Made while sampling; a client that goes away drops it (and its receiver: the sampler
+    // stops its rows), and its call is not recorded.
+    let events = gw
+        .stream(call, episode)
+        .map(|piece| Ok::<_, Infallible>(Bytes::from(piece)));
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("cache-control", "no-cache"))
-        .streaming(futures::stream::iter(events).chain(tail))
+        .streaming(events)
 }
 
 async fn open_episode(payload: web::Payload, gw: web::Data<Gateway>) -> HttpResponse {

@@ -3,9 +3,15 @@
 //! API returned; the run then ends under requests in flight and exits cleanly; bad input
 //! against `cairn serve` gets OpenAI errors and disturbs nothing.
 //!
+//! Streams are sent as the ids are sampled: their chunks concatenate to the non-streaming
+//! answer, and a client that closes a stream after its first chunk stops the generation.
+//! SmolLM2-135M-Instruct, imported from the set-up GGUF, answers the `openai` client through
+//! `cairn serve`.
+//!
 //! The model is a 1-layer random Qwen3-layout model with the committed Qwen3 tokenizer
-//! fixture (its chat template renders tools). Python comes from the project's `.venv`
-//! (scripts/setup.sh installs `openai` there); a missing venv fails with that instruction.
+//! fixture (its chat template renders tools), except in the SmolLM2 test. Python comes from
+//! the project's `.venv` (scripts/setup.sh installs `openai` there); a missing venv fails with
+//! that instruction.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -405,10 +411,134 @@ fn gateway_bad_input_gets_openai_errors() {
     let cfg = write_config(tmp.path(), "serve.toml", &gateway_config(&run, 1, ""));
     let gateway = Gateway::start(&["serve", cfg.to_str().unwrap()]);
     let script = repo().join("hosts/cairn/tests/it/gateway_bad_input.py");
-    let out = run_python(&[script.to_str().unwrap(), &gateway.url]);
+    let context = cairn::setup::SCRATCH_CONTEXT.to_string();
+    let out = run_python(&[script.to_str().unwrap(), &gateway.url, &context]);
     let summary: Value = serde_json::from_str(out.trim()).expect("a JSON summary");
+    assert_eq!(summary["context_window"], 400);
     assert_eq!(summary["reward_twice"], 409);
     assert_eq!(summary["steady_calls"], 2);
+}
+
+/// Streaming with the `openai` client (gateway_stream.py): chunks concatenate to the
+/// non-streaming answer of the same request (chat `n = 2`; completions with two prompts,
+/// `n = 2`, a stop string and usage); concurrent streams in episodes are recorded with the
+/// ids their chunks carried; a client that reads the first chunk of a 900-token answer and
+/// closes the stream stops its generation (the request is abandoned after a few ids, where
+/// the same request unstreamed samples all 900); and the server answers the first request
+/// again identically afterwards.
+#[test]
+fn gateway_streams_tokens_as_they_are_sampled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "serve.toml", &gateway_config(&run, 1, ""));
+    let gateway = Gateway::start(&["serve", cfg.to_str().unwrap()]);
+    let script = repo().join("hosts/cairn/tests/it/gateway_stream.py");
+    let out = run_python(&[
+        script.to_str().unwrap(),
+        &gateway.url,
+        "--long-tokens",
+        "900",
+    ]);
+    let summary: Value = serde_json::from_str(out.trim()).expect("a JSON summary");
+    let abandoned = &summary["abandoned"];
+    assert_eq!(abandoned["abandoned"], 1, "{summary}");
+    let sampled = abandoned["sampled"].as_u64().unwrap();
+    assert!(
+        sampled < 450,
+        "the closed stream sampled {sampled} of 900 ids"
+    );
+    assert_eq!(summary["episode_streams"], 4);
+}
+
+/// Ctrl-C stops `cairn serve` in its shutdown order (gateway_signal.py): a stream in flight
+/// at the signal arrives whole, a later request is refused (503 or connection), the episode
+/// finished before is in `--record`, and the process exits 0 without a panic.
+#[test]
+fn serve_stops_cleanly_on_ctrl_c() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "serve.toml", &gateway_config(&run, 1, ""));
+    let record = tmp.path().join("episodes.jsonl");
+    let gateway = Gateway::start(&[
+        "serve",
+        cfg.to_str().unwrap(),
+        "--record",
+        record.to_str().unwrap(),
+    ]);
+    let script = repo().join("hosts/cairn/tests/it/gateway_signal.py");
+    let pid = gateway.child.id().to_string();
+    let out = run_python(&[script.to_str().unwrap(), &gateway.url, &pid, "600"]);
+    let summary: Value = serde_json::from_str(out.trim()).expect("a JSON summary");
+    let stderr = gateway.wait(Duration::from_secs(120));
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("gateway: interrupted (SIGINT): answering the requests in flight"),
+        "{stderr}"
+    );
+    assert_eq!(summary["stream_ids"], 600);
+    let recorded = jsonl(&record);
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0]["episode_id"], summary["episode"]);
+    assert_eq!(recorded[0]["reward"].as_f64(), Some(1.0));
+}
+
+/// The set-up GGUF, imported into `dir` by `cairn import gguf`.
+fn import_smollm2(dir: &Path) -> PathBuf {
+    let out = dir.join("smollm2");
+    crate::import::import(&out, &[]);
+    out
+}
+
+/// SmolLM2-135M-Instruct through `cairn serve` (gateway_smollm2.py), greedy: "What is the
+/// capital of France?" gets "The capital of France is Paris.", streamed one chunk per id with
+/// the same text and ids, and a prompt past its 8192-token context is refused with the
+/// lengths.
+#[test]
+fn smollm2_answers_the_openai_client_through_the_gateway() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = import_smollm2(tmp.path());
+    let config = format!(
+        r#"[run]
+dir = "{run}"
+seed = 1
+steps = 1
+
+[source]
+kind = "gateway"
+bind = "127.0.0.1:0"
+model_name = "smollm2"
+
+[algorithm]
+plugin = "grpo"
+
+[model]
+path = "{model}"
+device = "cpu"
+
+[rollout]
+tasks_per_step = 1
+group_size = 2
+temperature = 1.0
+max_new_tokens = 16
+max_turns = 2
+
+[optimizer]
+lr = 1e-6
+"#,
+        run = tmp.path().join("run").display(),
+        model = model.display()
+    );
+    let cfg = write_config(tmp.path(), "smollm2.toml", &config);
+    let gateway = Gateway::start(&["serve", cfg.to_str().unwrap()]);
+    let script = repo().join("hosts/cairn/tests/it/gateway_smollm2.py");
+    let out = run_python(&[script.to_str().unwrap(), &gateway.url]);
+    let summary: Value = serde_json::from_str(out.trim()).expect("a JSON summary");
+    assert_eq!(summary["answer"], "The capital of France is Paris.");
+    assert_eq!(
+        ids(&summary["token_ids"]),
+        [504, 3575, 282, 4649, 314, 7042, 30, 2]
+    );
+    assert_eq!(summary["stream_chunks"], 8);
 }
 
 /// A bad `[source]` is a config error naming the key, before anything starts.

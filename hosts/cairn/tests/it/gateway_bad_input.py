@@ -14,6 +14,7 @@ import urllib.request
 import openai
 
 BASE = sys.argv[1]  # http://127.0.0.1:PORT
+CONTEXT = int(sys.argv[2])  # the served model's context window, tokens
 MODEL = "cairn"
 
 
@@ -64,14 +65,39 @@ def main():
                      "not_found_error", "model_not_found")
         results["unknown_model"] = e.status_code
 
+    # Past the context window: refused with the window, the prompt's tokens and max_tokens.
+    window = f"this model's maximum context length is {CONTEXT} tokens, but "
+    over = CONTEXT + 476
+    cases = [
+        ([11] * over, 2, f"the request needs {over + 2}: {over} prompt tokens + max_tokens 2; "
+                         "shorten the prompt or lower max_tokens"),
+        ([11] * over, None, f"the prompt has {over} tokens, which leaves no room for a "
+                            "completion; shorten the prompt"),
+        ([11] * 10, CONTEXT, f"the request needs {CONTEXT + 10}: 10 prompt tokens + max_tokens "
+                             f"{CONTEXT}; shorten the prompt or lower max_tokens"),
+    ]
+    for prompt, max_tokens, tail in cases:
+        limit = {} if max_tokens is None else {"max_tokens": max_tokens}
+        try:
+            client.completions.create(model=MODEL, prompt=prompt, **limit)
+            sys.exit(f"a prompt of {len(prompt)} tokens + max_tokens {max_tokens}: no error")
+        except openai.BadRequestError as e:
+            expect_error("long prompt", e.status_code, {"error": e.body}, 400,
+                         "invalid_request_error", "context_length_exceeded")
+            if e.body["message"] != window + tail or e.body.get("param") != "prompt":
+                sys.exit(f"long prompt: got {e.body}, expected the message {window + tail!r}")
     long_text = " ".join(["word"] * 5000)
     try:
         client.chat.completions.create(model=MODEL, max_tokens=2,
                                        messages=[{"role": "user", "content": long_text}])
         sys.exit("prompt longer than the context window: no error")
     except openai.BadRequestError as e:
-        expect_error("long prompt", e.status_code, {"error": e.body}, 400,
+        expect_error("long chat prompt", e.status_code, {"error": e.body}, 400,
                      "invalid_request_error", "context_length_exceeded")
+        message = e.body["message"]
+        if not (message.startswith(window + "the request needs ")
+                and "prompt tokens + max_tokens 2;" in message and e.body["param"] == "messages"):
+            sys.exit(f"long chat prompt: {e.body}")
         results["context_window"] = e.status_code
 
     try:

@@ -7,6 +7,7 @@
 mod bad_input;
 mod bank;
 mod gateway;
+mod import;
 mod logprobs;
 mod pipeline;
 mod scaffolds;

@@ -139,9 +139,12 @@ impl CausalLm {
     }
 
     /// Loads `config.json` and the safetensors weights (single file or sharded) from `dir`.
-    /// Every parameter must be present with its exact shape; see [`crate::weights`].
+    /// Every parameter must be present with its exact shape; see [`crate::weights`]. A
+    /// `tokenizer.json` in `dir` must fit the embedding
+    /// ([`crate::weights::check_tokenizer_fits`]), checked before anything is allocated.
     pub fn from_pretrained(dir: &Path, device: Device, dtype: Dtype) -> Result<CausalLm> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        crate::weights::check_tokenizer_fits(dir, &config)?;
         let model = CausalLm::uninitialized(&config, device, dtype);
         crate::weights::load_model_dir(&model, dir)?;
         Ok(model)

@@ -202,3 +202,57 @@ fn export_refuses_a_chat_template_that_does_not_compile() {
     );
     assert!(!out.exists());
 }
+
+fn tokenizer_error(dir: &Path, max_id: u32, ids: usize, rows: usize) -> String {
+    format!(
+        "{}: the tokenizer's ids go up to {max_id} ({ids} ids), but {} gives the model {rows} \
+         embedding rows (`vocab_size`); the tokenizer belongs to a different model: put the \
+         model's own tokenizer files in the directory",
+        dir.join("tokenizer.json").display(),
+        dir.join("config.json").display()
+    )
+}
+
+#[test]
+fn a_tokenizer_with_more_ids_than_embedding_rows_is_refused_before_the_weights_are_read() {
+    // The qwen3 fixture's tokenizer has ids 0..=505 (480 BPE ids and 26 added tokens).
+    let (_tmp, dir) = copy_fixture("qwen3");
+    edit_config(&dir, |c| c["vocab_size"] = 500.into());
+    // The weights have 512 rows, so a load that got as far as them would report a shape
+    // mismatch instead: the tokenizer is checked first.
+    assert_eq!(load_error(&dir), tokenizer_error(&dir, 505, 506, 500));
+    // The same through the backend, as `cairn logprobs`, train, eval and serve load a model.
+    let config = cairn_torch::BackendConfig {
+        model: cairn_torch::ModelSource::Pretrained { dir: dir.clone() },
+        device: cairn_torch::DeviceOption::Cpu,
+        dtype: None,
+        seed: 0,
+        threads: None,
+        optimizer: Default::default(),
+        warmup_steps: 0,
+        score_batch_size: 32,
+    };
+    let err = match cairn_torch::TorchBackend::new(&config) {
+        Ok(_) => panic!("loaded a model whose tokenizer does not fit"),
+        Err(e) => cairn_kernel::Error::from(e).to_string(),
+    };
+    assert_eq!(
+        err,
+        format!("model: {}", tokenizer_error(&dir, 505, 506, 500))
+    );
+}
+
+#[test]
+fn a_tokenizer_id_equal_to_the_row_count_is_refused_and_one_below_passes_the_check() {
+    let (_tmp, dir) = copy_fixture("qwen3");
+    edit_config(&dir, |c| c["vocab_size"] = 505.into());
+    assert_eq!(load_error(&dir), tokenizer_error(&dir, 505, 506, 505));
+    // With a row for id 505 the tokenizer fits, and loading goes on to the weights (whose 512
+    // rows then do not match this config).
+    edit_config(&dir, |c| c["vocab_size"] = 506.into());
+    let err = load_error(&dir);
+    assert!(
+        err.starts_with("1 tensor(s) with the wrong shape: `model.embed_tokens.weight`"),
+        "{err}"
+    );
+}

@@ -220,3 +220,49 @@ fn generate_rejects_empty_prompts_and_bad_top_p() {
         .to_string()
         .contains("top_p"));
 }
+
+/// Records every token a streaming generation hands over, and refuses row 1 after its third.
+#[derive(Default)]
+struct Recorder {
+    seen: Vec<Vec<(u32, f32, Option<FinishReason>)>>,
+}
+
+impl cairn_kernel::backend::TokenSink for Recorder {
+    fn begin(&mut self, _: u64) {}
+
+    fn token(&mut self, row: usize, id: u32, logprob: f32, finish: Option<FinishReason>) -> bool {
+        self.seen.resize(self.seen.len().max(row + 1), Vec::new());
+        self.seen[row].push((id, logprob, finish));
+        !(row == 1 && self.seen[row].len() == 3)
+    }
+}
+
+/// `generate_streaming` hands each id over as it is sampled, with its log-prob and, on the
+/// last, the finish reason; the ids are those `generate` samples. A row the sink refuses stops
+/// there (finish `Aborted`) and the other rows' samples do not change.
+#[test]
+fn streaming_generation_hands_over_each_id_and_stops_refused_rows() {
+    let mut backend = backend(11);
+    let prompts = prompts(3);
+    let p = params(1.0, 6, vec![], 42);
+    let whole = backend.generate(&prompts, &p).unwrap();
+    let mut sink = Recorder::default();
+    let streamed = backend.generate_streaming(&prompts, &p, &mut sink).unwrap();
+    for (row, (w, s)) in whole.iter().zip(&streamed).enumerate() {
+        let seen = &sink.seen[row];
+        assert_eq!(
+            seen.iter().map(|t| t.0).collect::<Vec<_>>(),
+            s.ids,
+            "row {row}"
+        );
+        assert_eq!(seen.iter().map(|t| t.1).collect::<Vec<_>>(), s.logprobs);
+        if row == 1 {
+            assert_eq!(s.ids, w.ids[..3], "row 1 stops after its third id");
+            assert_eq!(s.finish_reason, FinishReason::Aborted);
+            assert_eq!(seen[2].2, None);
+        } else {
+            assert_eq!(s, w, "row {row} is sampled as without the sink");
+            assert_eq!(seen.last().unwrap().2, Some(FinishReason::Length));
+        }
+    }
+}

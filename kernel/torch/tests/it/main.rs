@@ -13,5 +13,6 @@ mod forward;
 mod generation;
 mod loading;
 mod reference;
+mod smollm2;
 mod teacher;
 mod training;
