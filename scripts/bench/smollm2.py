@@ -20,17 +20,17 @@ paired ratios), on the imported Hugging Face directory instead of a random model
   plain PyTorch on transformers' LlamaForCausalLM (reference.py, kind train / torch).
 - matmul: torch f32 matrix products at the model's shapes and large squares (the peak).
 
-Every table reports, per round, the reference's time over Cairn's (above 1: Cairn faster),
-their median and range, the CPU-time ratio, peak RSS, the model FLOPs and the MFU against the
-measured matmul peak. Outputs in --out (default target/bench/smollm2): results.json (every
-sample) and results.md (the tables, also printed).
+Every table reports, per round, the other engine's time over Cairn's (above 1: Cairn faster)
+in wall and in CPU seconds, and their medians; peak RSS; the model FLOPs per CPU second and
+the MFU against the measured matmul peak; and a check that both did the same work (the same
+greedy ids, Σ log-probs, the first loss). CPU only. Outputs in --out (default
+target/bench/smollm2): results.json (every sample) and results.md (the tables, also printed).
 """
 
 import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 
@@ -42,9 +42,9 @@ LLAMACPP = os.path.join(ROOT, "scripts", "bench", "smollm2_llamacpp.py")
 DEFAULT_MODEL = os.path.join(ROOT, ".cache", "models", "smollm2-135m-instruct")
 DEFAULT_GGUF = os.path.join(ROOT, "target", "bench", "smollm2", "SmolLM2-135M-Instruct.F32.gguf")
 
-# 64 user questions (16 countries x 4 templates): ChatML prompts of 36-44 tokens with the
+# 64 user questions (16 countries x 4 templates): ChatML prompts of 37-39 tokens with the
 # template's default system message, as a chat-tuned policy's rollout would see them. The
-# first is the greedy check of docs/models.md ("The capital of France is Paris.").
+# first is the project's greedy check (answer: "The capital of France is Paris.").
 COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway", "Egypt",
              "Mexico", "Italy", "Chile", "Vietnam", "Poland", "Ghana", "Spain", "Peru"]
 TEMPLATES = ["What is the capital of {}?", "What language do people speak in {}?",
@@ -57,10 +57,10 @@ ANSWER = ("The capital is a large city with a long history. Many people visit it
           "speak English, which helps visitors who travel around the country by train or bus.")
 
 # Sizes fit one full run (3 rounds, 3 engines) in about 15 minutes on 2 shared cores at 1
-# thread: a SmolLM2 forward costs 0.27 GFLOP per token, and the machine does 50-90 GFLOP/s.
+# thread: a SmolLM2 forward costs 0.27 GFLOP per token; one core does at most ~100 GFLOP/s.
 # (name, batch, new tokens, warm-up calls, timed calls): the first `batch` prompts of the 64.
-# B = 64 is timed on its first call: one call is ~15-30 s, and a first call costs under 2%
-# more than later ones (measured at B = 8 on all three engines); so is scoring.
+# B = 64 is timed on its first call (one call is 15-30 s; at B = 8, a first call was within
+# the spread of the later ones on all three engines); so is scoring.
 GENERATE = [
     ("B=1, prompt 37, 64 new", 1, 64, 1, 1),
     ("B=8, prompts 37-39, 32 new", 8, 32, 1, 1),
@@ -247,7 +247,7 @@ class SmolSuite(suite.Suite):
 
     def run(self):
         self.results["facts"] = self.facts()
-        self.results["facts"]["llama_cpp_python"] = package_version("llama_cpp")
+        self.results["facts"]["llama_cpp_python"] = package_version("llama-cpp-python")
         self.results["facts"]["gguf_package"] = package_version("gguf")
         log(f"threads {self.threads}, repeats {self.args.repeats}, model {self.hf}, out {self.out}")
         parts = self.args.only.split(",") if self.args.only else ["matmul", "generate", "score", "train"]
@@ -263,11 +263,14 @@ class SmolSuite(suite.Suite):
         print(md)
 
 
-def package_version(module):
+def package_version(dist):
+    """The installed version of the distribution `dist`, or why there is none."""
+    from importlib import metadata
+
     try:
-        return __import__(module).__version__
-    except Exception as e:  # noqa: BLE001 - reported, not fatal
-        return f"unavailable ({type(e).__name__})"
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 # -------------------------------------------------------------------- analysis
@@ -305,6 +308,12 @@ def round_ratios(case, impl, key="median_s"):
             if impl in r and "cairn" in r and r[impl].get(key) and r["cairn"].get(key)]
 
 
+def shown(path):
+    """`path` relative to the repository when it is inside it."""
+    rel = os.path.relpath(path, ROOT)
+    return path if rel.startswith("..") else rel
+
+
 def render(results):
     f = results["facts"]
     peak, shapes = peak_gflops(results)
@@ -314,7 +323,7 @@ def render(results):
            f"torch {f['torch']}, transformers {f.get('transformers')}, llama-cpp-python "
            f"{f.get('llama_cpp_python')}, {f['rustc']}; {f['repeats']} rounds, engines alternated; "
            f"load average {f['loadavg_start']:.2f} at start, {f.get('loadavg_end', float('nan')):.2f} at end. "
-           f"Model: {results.get('model')} ({results.get('parameters', 0) / 1e6:.1f} M parameters), "
+           f"Model: {shown(results.get('model', ''))} ({results.get('parameters', 0) / 1e6:.1f} M parameters), "
            f"llama.cpp on {os.path.basename(results.get('gguf', ''))}.\n",
            "Ratios are the engine's time over Cairn's, per round then their median: **above 1, Cairn "
            "is faster**. *CPU* columns use the process CPU time of the timed calls (at one thread: "
@@ -384,10 +393,10 @@ def main():
     p.add_argument("--quick", action="store_true", help="the first case of each kind, one round")
     p.add_argument("--cases", help="case indexes per kind, e.g. 'generate=0,2;train=0'")
     p.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out of the generation tables")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--render", action="store_true", help="only re-render results.md from results.json")
     args = p.parse_args()
     args.no_trl = True
+    args.device = "cpu"
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.render:
@@ -400,6 +409,9 @@ def main():
         return
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         sys.exit(f"smollm2: {args.model} has no config.json; import the model first (scripts/smollm2.sh)")
+    if not args.no_llamacpp and not os.path.isfile(args.gguf):
+        sys.exit(f"smollm2: {args.gguf} does not exist; write it with scripts/bench/smollm2_gguf.py "
+                 f"(scripts/bench/smollm2.sh does), or pass --no-llamacpp")
     SmolSuite(args).run()
 
 
