@@ -17,7 +17,7 @@ pub enum ImportCommand {
     Gguf {
         /// The GGUF file.
         file: PathBuf,
-        /// The directory to write; it must not exist or be empty.
+        /// The directory to write: a new or empty one (missing parents are created).
         out_dir: PathBuf,
         /// Dtype of the written weights: f32 | bf16 (rounded to nearest even).
         #[arg(long, default_value = "f32")]
