@@ -518,13 +518,13 @@ def kv_decode_logprobs(model, prompts: list[list[int]], continuations: list[list
     return out
 
 
-def greedy(model, prompts: list[list[int]], pad_id: int) -> dict:
+def greedy(model, prompts: list[list[int]], pad_id: int, new_tokens: int = GREEDY_NEW_TOKENS) -> dict:
     from transformers import GenerationConfig
 
     ids, mask, _ = left_pad(prompts, pad_id)
     config = GenerationConfig(
         do_sample=False,
-        max_new_tokens=GREEDY_NEW_TOKENS,
+        max_new_tokens=new_tokens,
         eos_token_id=None,
         bos_token_id=None,
         pad_token_id=pad_id,
@@ -544,7 +544,7 @@ def greedy(model, prompts: list[list[int]], pad_id: int) -> dict:
         model.generation_config = saved
     width = ids.shape[1]
     new = out.sequences[:, width:]
-    assert new.shape[1] == GREEDY_NEW_TOKENS, new.shape
+    assert new.shape[1] == new_tokens, new.shape
     logits = torch.stack(out.logits, dim=1).float()  # [B, N, V], raw
     # No logits processor ran: the scores the argmax saw are the raw logits.
     assert torch.equal(torch.stack(out.scores, dim=1).float(), logits)

@@ -51,7 +51,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import left_pad  # noqa: E402  (the same padding as the tiny fixtures)
+# The same padding, scoring and greedy reference as the tiny fixtures; this script only writes
+# the values more compactly (`compact`).
+import make_fixtures  # noqa: E402
+from make_fixtures import left_pad, max_diff  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -162,8 +165,25 @@ def f32(x) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
-def f32s(t: torch.Tensor) -> list[float]:
-    return [f32(x) for x in t.float().reshape(-1).tolist()]
+def compact(x):
+    """`x` with every float written as its shortest f32 decimal (see `f32`)."""
+    if isinstance(x, list):
+        return [compact(v) for v in x]
+    if isinstance(x, dict):
+        return {k: compact(v) for k, v in x.items()}
+    return f32(x) if isinstance(x, float) else x
+
+
+def response_logprobs(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+    return compact(make_fixtures.response_logprobs(model, prompt, response, temperature))
+
+
+def batch_logprobs(model, seqs: list[dict]) -> list[list[float]]:
+    return compact(make_fixtures.batch_logprobs(model, seqs, PAD_ID))
+
+
+def greedy(model, prompts: list[list[int]]) -> dict:
+    return compact(make_fixtures.greedy(model, prompts, PAD_ID, GREEDY_NEW_TOKENS))
 
 
 def dumps(obj) -> str:
@@ -240,29 +260,6 @@ def tensor_fingerprints(model) -> list[dict]:
     return out
 
 
-def response_logprobs(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(ids).logits[0].float()
-    logits = logits[len(prompt) - 1 : len(prompt) + len(response) - 1] / temperature
-    logp = logits.log_softmax(-1)
-    return f32s(logp.gather(1, torch.tensor(response)[:, None])[:, 0])
-
-
-def batch_logprobs(model, seqs: list[dict]) -> list[list[float]]:
-    rows = [s["prompt_ids"] + s["response_ids"] for s in seqs]
-    ids, mask, positions = left_pad(rows, PAD_ID)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
-    width = ids.shape[1]
-    out = []
-    for i, s in enumerate(seqs):
-        r = len(s["response_ids"])
-        lp = logits[i, width - r - 1 : width - 1].log_softmax(-1)
-        out.append(f32s(lp.gather(1, torch.tensor(s["response_ids"])[:, None])[:, 0]))
-    return out
-
-
 def long_text(tok) -> str:
     order = list(range(len(SENTENCES)))
     rng = random.Random(11)
@@ -302,49 +299,6 @@ def batch_sequences(tok) -> list[dict]:
         {"prompt_ids": enc("Paris"), "response_ids": enc(" is the capital of France.")},
         {"prompt_ids": enc("def add(a, b):\n    return"), "response_ids": enc(" a + b\n")},
     ]
-
-
-def greedy(model, prompts: list[list[int]]) -> dict:
-    from transformers import GenerationConfig
-
-    ids, mask, _ = left_pad(prompts, PAD_ID)
-    config = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=GREEDY_NEW_TOKENS,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=PAD_ID,
-        output_logits=True,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    # Unset fields would fall back to the model's generation config (EOS ids, penalties);
-    # Cairn's side is plain greedy with no stop ids, so the reference is too.
-    saved = model.generation_config
-    model.generation_config = GenerationConfig()
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    finally:
-        model.generation_config = saved
-    new = out.sequences[:, ids.shape[1]:]
-    assert new.shape[1] == GREEDY_NEW_TOKENS, new.shape
-    logits = torch.stack(out.logits, dim=1).float()
-    assert torch.equal(torch.stack(out.scores, dim=1).float(), logits)
-    logp = logits.log_softmax(-1).gather(2, new[:, :, None])[:, :, 0]
-    top2 = logits.topk(2, dim=-1).values
-    return {
-        "ids": [[int(x) for x in row] for row in new],
-        "logprobs": [f32s(row) for row in logp],
-        "min_top2_margin": f32((top2[..., 0] - top2[..., 1]).min()),
-    }
-
-
-def max_diff(a, b) -> float:
-    if isinstance(a, list):
-        assert len(a) == len(b)
-        return max([max_diff(x, y) for x, y in zip(a, b)] + [0.0])
-    return abs(a - b)
 
 
 def references(imported: Path) -> dict[str, dict]:
