@@ -3,30 +3,29 @@
 
     python3 scripts/scaffolds_report.py runs/scaffolds/edge-seed1 runs/scaffolds/pats-seed1 ...
 
-Reads each run's `trajectories/step-*.json` (recorded with `run.record_trajectories`) and
-prints, per run: the share of training trajectories that started with injected text (or got
+Reads each run's data pool (`pool.sqlite`, read-only; docs/pool.md) and prints, per run: the share of training trajectories that started with injected text (or got
 it at a later turn), their success against the plain trajectories of the same groups, and the
 number of groups where both kinds played. Only the standard library is used.
 """
-import glob
-import json
 import os
+import sqlite3
 import sys
+import urllib.parse
 
 
 def trajectories(run):
     """(group id, injected at some turn, success) per training trajectory of the run."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(run, "trajectories", "step-*.json"))):
-        with open(path) as f:
-            rows = json.load(f)["rows"]
-        by_traj = {}
-        for r in rows:
-            t = by_traj.setdefault(r["trajectory_id"], [r["group_id"], False, r["success"]])
-            if r["variant"]["inject"]:
-                t[1] = True
-        out.extend(by_traj.values())
-    return out
+    path = os.path.join(run, "pool.sqlite")
+    if not os.path.exists(path):
+        sys.exit(f"{run}: no data pool (pool.sqlite); train the run with cairn train first")
+    db = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro", uri=True)
+    rows = db.execute(
+        "SELECT e.group_id, max(json_extract(t.variant, '$.inject') != ''), e.success "
+        "FROM episodes e JOIN turns t ON t.episode = e.id "
+        "WHERE e.source IN ('rollout', 'gateway') GROUP BY e.id ORDER BY e.id"
+    ).fetchall()
+    db.close()
+    return [(g, bool(i), bool(s)) for g, i, s in rows]
 
 
 def rate(xs):
@@ -39,7 +38,7 @@ def main(runs):
     for run in runs:
         ts = trajectories(run)
         if not ts:
-            sys.exit(f"{run}: no recorded trajectories (was run.record_trajectories on?)")
+            sys.exit(f"{run}: the data pool holds no training trajectory")
         groups = {}
         for g, injected, success in ts:
             groups.setdefault(g, []).append((injected, success))

@@ -50,3 +50,36 @@ PY
     fi
     mv "$GGUF.part" "$GGUF"
 fi
+
+# The dashboard test (hosts/cairn/tests/it/ui.rs) drives a real headless Chromium: Debian's
+# `chromium` package, through the npm package playwright-core pinned in hosts/cairn/tests/ui/
+# (package-lock.json; no browser download, it uses /usr/bin/chromium). Node.js 20+ with npm must exist.
+if [ ! -x /usr/bin/chromium ]; then
+    if command -v apt-get >/dev/null; then
+        echo "setup: installing Debian's chromium for the dashboard test (apt-get, about 30 s)"
+        if ! log=$( (DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                chromium) 2>&1); then
+            echo "$log" >&2
+            echo "setup: apt-get install chromium failed (see above); install Debian's chromium" \
+                "package, which provides /usr/bin/chromium, and rerun" >&2
+            exit 1
+        fi
+    else
+        echo "setup: /usr/bin/chromium is missing and there is no apt-get: install Chromium" \
+            "(the distribution's chromium package) at /usr/bin/chromium for the dashboard test" >&2
+        exit 1
+    fi
+fi
+UI_DIR="$CAIRN_ROOT/hosts/cairn/tests/ui"
+if ! command -v npm >/dev/null; then
+    echo "setup: npm is missing: install Node.js 20+ with npm (Debian: apt-get install nodejs npm)" \
+        "for the dashboard test" >&2
+    exit 1
+fi
+UI_STAMP="$UI_DIR/node_modules/.cairn-setup-$(sha256sum "$UI_DIR/package-lock.json" | cut -c1-16)"
+if [ ! -f "$UI_STAMP" ]; then
+    echo "setup: npm ci in hosts/cairn/tests/ui (playwright-core)"
+    (cd "$UI_DIR" && npm ci --quiet --no-audit --no-fund >/dev/null)
+    touch "$UI_STAMP"
+fi

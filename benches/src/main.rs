@@ -1,6 +1,6 @@
 //! `cairn-bench`: the Cairn side of the benchmark suite (`scripts/bench/run.sh`).
 //!
-//! Four commands, each printing one JSON result line on stdout:
+//! Six commands, each printing one JSON result line on stdout:
 //!
 //! - `cairn-bench run SPEC.json`: one model benchmark (`generate`, `score` or `train`) on a
 //!   Hugging Face model directory and an inputs file that `scripts/bench/suite.py` wrote, and
@@ -10,16 +10,21 @@
 //!   and plugin call timed; see [`pipeline`].
 //! - `cairn-bench bank`: experience-bank retrieval latency (median, p95 of top-k queries) at
 //!   10³, 10⁴ and 10⁵ entries; see [`bank`].
-//! - `cairn-bench bank-actor --batch FILE`: the bank actor's share of a step (the `RecordBatch`
-//!   hop, recording off and on, and the `CheckpointBank` snapshot); see [`bank_actor`].
+//! - `cairn-bench bank-actor`: the bank actor's `CheckpointBank` snapshot; see [`bank_actor`].
+//! - `cairn-bench pool --run RUN_DIR`: the data pool's write cost per step (a run's own steps
+//!   written again) and its size, and queries over 10⁶ synthetic turn rows; see [`pool`].
+//! - `cairn-bench env-calls`: the cost of the environment calls' deadline worker per turn;
+//!   see [`env_calls`].
 //!
 //! Nothing here is a test: timings are only reported, and the suite computes medians and
 //! ratios across processes.
 
 mod bank;
 mod bank_actor;
+mod env_calls;
 mod measure;
 mod pipeline;
+mod pool;
 mod probes;
 mod spec;
 mod work;
@@ -47,8 +52,12 @@ enum Command {
     Pipeline(pipeline::PipelineArgs),
     /// Time experience-bank retrieval at several bank sizes; prints one JSON line.
     Bank(bank::BankArgs),
-    /// Time the bank actor's per-step and per-checkpoint messages; prints one JSON line.
+    /// Time the bank actor's per-checkpoint snapshot; prints one JSON line.
     BankActor(bank_actor::BankActorArgs),
+    /// Time data-pool writes (a run's steps) and queries over 10⁶ rows; prints one JSON line.
+    Pool(pool::PoolArgs),
+    /// Time the deadline worker of environment calls against inline calls; prints one JSON line.
+    EnvCalls(env_calls::EnvCallsArgs),
 }
 
 fn main() -> Result<()> {
@@ -57,5 +66,7 @@ fn main() -> Result<()> {
         Command::Pipeline(args) => pipeline::run(&args),
         Command::Bank(args) => bank::run(&args),
         Command::BankActor(args) => bank_actor::run(&args),
+        Command::Pool(args) => pool::run(&args),
+        Command::EnvCalls(args) => env_calls::run(&args),
     }
 }

@@ -84,7 +84,6 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
     config.run.steps = args.steps;
     config.run.resume = false;
     config.run.checkpoint_every = 0;
-    config.run.record_trajectories = false;
     config.eval.tasks = args.eval_tasks;
     config.eval.every = 0;
     config.model.threads = args.threads;
@@ -151,7 +150,8 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
         optimizer,
         reward: config.reward.clone(),
         objective: config.objective.clone(),
-        record_dir: None,
+        // The run's data pool, as `cairn train` writes it: every step's write is in its time.
+        pool: cairn_kernel::pool::Pool::open(&cairn_kernel::pool::pool_path(&args.run_dir))?,
         bank: cairn_kernel::bank::Bank::in_memory()?,
         skills: config.skills.clone(),
         skills_api_key: None,

@@ -59,7 +59,7 @@ pub struct PipelineConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
-    /// Run directory (metrics, trajectories, checkpoints, plots). Relative paths are relative
+    /// Run directory (metrics, the data pool, checkpoints, plots). Relative paths are relative
     /// to the working directory.
     pub dir: PathBuf,
     /// Master seed: task sampling, sampling RNGs and model init derive from it.
@@ -72,9 +72,16 @@ pub struct RunConfig {
     /// Resume from the run directory's last checkpoint when there is one.
     #[serde(default = "default_true")]
     pub resume: bool,
-    /// Record every batch as JSON under `trajectories/` (the documented batch form).
-    #[serde(default)]
-    pub record_trajectories: bool,
+    /// Deadline of each algorithm plugin call (`plan_group`, `next_context`, `signals`,
+    /// `observe`) and of the environment's `task`, seconds, host callbacks included; a miss
+    /// stops the run with an error naming the actor, the plugin, the call and the step. 0: no
+    /// deadline. See docs/faults.md.
+    #[serde(default = "default_plugin_timeout_s")]
+    pub plugin_timeout_s: f64,
+}
+
+fn default_plugin_timeout_s() -> f64 {
+    600.0
 }
 
 fn default_checkpoint_every() -> u64 {
@@ -133,6 +140,14 @@ impl crate::actors::rollout::RolloutSettings {
             max_new_tokens: r.max_new_tokens,
             max_turns: r.max_turns,
             context_window: None,
+            env_timeout: crate::deadline::seconds(r.env_timeout_s),
+            plugin_timeout: crate::deadline::seconds(config.run.plugin_timeout_s),
+            env_name: config
+                .environment
+                .as_ref()
+                .map(|e| e.plugin.clone())
+                .unwrap_or_default(),
+            on_failure: r.on_episode_failure,
         }
     }
 }
@@ -191,6 +206,7 @@ impl crate::actors::optimizer::OptimizerSettings {
             max_staleness: r.max_staleness,
             reuse_rollout_logprobs: o.reuse_rollout_logprobs,
             plugin_reads_reference: requirements.ref_logprobs,
+            plugin_timeout: crate::deadline::seconds(config.run.plugin_timeout_s),
         }
     }
 }
@@ -301,6 +317,21 @@ pub struct RolloutConfig {
     /// previous update). A row staler than this when it trains is dropped and counted.
     #[serde(default)]
     pub max_staleness: u64,
+    /// Deadline of each environment call of an episode (`start` with its first observation,
+    /// `step`), seconds; an episode with no reply within it fails (kind `timeout`) and the
+    /// others go on. 0: no deadline (a hung environment then hangs the run). See
+    /// docs/faults.md.
+    #[serde(default = "default_env_timeout_s")]
+    pub env_timeout_s: f64,
+    /// What becomes of a group with a failed episode: `drop_group` (the default; the group is
+    /// left out of the step) or `zero_reward` (the failed episode is a member with episode
+    /// reward 0 and no success).
+    #[serde(default)]
+    pub on_episode_failure: crate::rollout::FailureRule,
+}
+
+fn default_env_timeout_s() -> f64 {
+    60.0
 }
 
 fn default_top_p() -> f32 {
@@ -644,6 +675,18 @@ impl PipelineConfig {
             return Err(self.error(
                 "rollout.max_new_tokens",
                 "max_new_tokens and max_turns must be at least 1",
+            ));
+        }
+        if !(r.env_timeout_s >= 0.0 && r.env_timeout_s.is_finite()) {
+            return Err(self.error(
+                "rollout.env_timeout_s",
+                "must be a finite number of seconds ≥ 0 (0: no deadline)",
+            ));
+        }
+        if !(self.run.plugin_timeout_s >= 0.0 && self.run.plugin_timeout_s.is_finite()) {
+            return Err(self.error(
+                "run.plugin_timeout_s",
+                "must be a finite number of seconds ≥ 0 (0: no deadline)",
             ));
         }
         if !positive(self.optimizer.lr) {
@@ -1314,6 +1357,44 @@ tasks = 4
             "",
         ));
         assert!(e.contains("missing table `[environment]`"), "{e}");
+    }
+
+    #[test]
+    fn fault_deadlines_and_the_failure_rule_are_read_and_checked() {
+        use crate::actors::optimizer::OptimizerSettings;
+        use crate::actors::rollout::RolloutSettings;
+        use crate::rollout::FailureRule;
+        use std::time::Duration;
+        let c = PipelineConfig::parse(MINIMAL, "test.toml").unwrap();
+        let r = RolloutSettings::from_config(&c);
+        assert_eq!(r.env_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(r.plugin_timeout, Some(Duration::from_secs(600)));
+        assert_eq!(r.on_failure, FailureRule::DropGroup);
+        let text = MINIMAL
+            .replace(
+                "group_size = 4",
+                "group_size = 4\nenv_timeout_s = 0.25\non_episode_failure = \"zero_reward\"",
+            )
+            .replace("seed = 1\n", "seed = 1\nplugin_timeout_s = 0\n");
+        let c = PipelineConfig::parse(&text, "test.toml").unwrap();
+        let r = RolloutSettings::from_config(&c);
+        assert_eq!(r.env_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(r.plugin_timeout, None, "0 is no deadline");
+        assert_eq!(r.on_failure, FailureRule::ZeroReward);
+        let o = OptimizerSettings::from_config(&c, &Default::default());
+        assert_eq!(o.plugin_timeout, None);
+        let e = err(&MINIMAL.replace("group_size = 4", "group_size = 4\nenv_timeout_s = -1"));
+        assert!(
+            e.contains("`rollout.env_timeout_s`") && e.contains("≥ 0"),
+            "{e}"
+        );
+        let e = err(&MINIMAL.replace("seed = 1\n", "seed = 1\nplugin_timeout_s = nan\n"));
+        assert!(e.contains("`run.plugin_timeout_s`"), "{e}");
+        let e = err(&MINIMAL.replace(
+            "group_size = 4",
+            "group_size = 4\non_episode_failure = \"retry\"",
+        ));
+        assert!(e.contains("drop_group") && e.contains("zero_reward"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,11 @@ pub enum Error {
         dir.display()
     )]
     RunLocked { dir: PathBuf, holder: String },
+
+    /// The run was stopped by a signal (SIGINT, SIGTERM) at a step boundary; `message` says
+    /// where it stopped and that the same command resumes it.
+    #[error("{message}")]
+    Interrupted { message: String },
     // The I/O error is part of the message, not a `source` (callers print chains with `{:#}`
     // and would show it twice).
     #[error("{path}: {error}")]
@@ -102,6 +107,26 @@ pub enum Error {
         detail: String,
     },
 
+    /// A run directory without a data pool (`<run>/pool.sqlite`), for a command that reads one.
+    #[error("no data pool in {} (no pool.sqlite): the run was not trained yet, or by a cairn from before the data pool; run `cairn train` on it first (the pool is written as it trains)", run.display())]
+    NoPool { run: PathBuf },
+
+    /// A data-pool file written with another schema version.
+    #[error("{path}: data pool schema version {found}, but this cairn reads version {expected}; open it with the cairn that wrote it, or move it aside (a new run starts an empty pool)")]
+    PoolSchema {
+        path: PathBuf,
+        found: String,
+        expected: u32,
+    },
+
+    /// Any other failure of the data pool's SQLite database (`doing` says what it was doing).
+    #[error("{path}: data pool, {doing}: {detail}")]
+    Pool {
+        path: PathBuf,
+        doing: &'static str,
+        detail: String,
+    },
+
     #[error("model: {0}")]
     Model(String),
 
@@ -138,6 +163,29 @@ pub enum Error {
         asked: usize,
         capacity: usize,
     },
+
+    /// A plugin call that gave no reply within its deadline (`key` sets it). The call is
+    /// abandoned, still running on its own thread, and the run stops: the plugin's state
+    /// cannot be trusted after it.
+    #[error("the {actor} actor: {plugin} gave no reply to `{call}` ({context}) within {seconds} s (`{key}`); the call was abandoned and the run stops, since the plugin's state cannot be trusted after it. Fix the plugin (or raise `{key}` if the call is only slow) and run the same command: it resumes from the last checkpoint")]
+    PluginHang {
+        /// `rollout` or `optimizer`.
+        actor: &'static str,
+        /// The plugin, as "algorithm `name`" or "environment `name`".
+        plugin: String,
+        /// The plugin method (`plan_group`, `signals`, ...).
+        call: &'static str,
+        /// The step, group, task or trajectory the call was for.
+        context: String,
+        seconds: f64,
+        key: &'static str,
+    },
+
+    /// The algorithm's `signals` failed at an RL step (an error or a caught panic); the
+    /// weights are untouched, since the update did not run. The trainer checkpoints the last
+    /// good step and stops with it.
+    #[error("RL step {step}: the algorithm's signals failed: {error}")]
+    Signals { step: u64, error: PluginError },
 
     #[error("actor mailbox: {0}")]
     Mailbox(String),

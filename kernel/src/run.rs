@@ -4,13 +4,18 @@
 //! - `config.toml` — the pipeline config the run started with;
 //! - `metrics.jsonl` — one JSON object per training step (SFT and RL), see [`StepRecord`];
 //! - `eval.jsonl` — one held-out evaluation per line;
-//! - `checkpoints/step-NNNNNN/` — backend files, `algorithm.state`, `trainer.json`;
+//! - `checkpoints/step-NNNNNN/` — backend files, `algorithm.state`, the bank snapshot,
+//!   `trainer.json`, and last `MANIFEST.json` (every file's size and CRC-32);
 //! - `checkpoints/latest` — the name of the newest complete checkpoint;
-//! - `trajectories/` — recorded batches (when `run.record_trajectories`).
+//! - `pool.sqlite` — the data pool: every trajectory, turn by turn ([`crate::pool`]);
+//! - `.lock` — the pid of the `cairn train` holding the directory ([`RunDir::lock`]).
 //!
-//! Every file is written to a temporary name and renamed into place, and `latest` moves only
-//! after a checkpoint is complete, so a run killed at any moment resumes from its last whole
-//! checkpoint and loses at most the step in flight.
+//! A checkpoint is written into `checkpoints/tmp-step-NNNNNN/`, its manifest last, then
+//! renamed into place, and only then does `latest` move; so a run killed (or out of disk) at
+//! any moment resumes from its last whole checkpoint. On resume the checkpoint named by
+//! `latest` is verified against its manifest; a damaged one is refused, with the file and why,
+//! and the newest earlier checkpoint that verifies is used instead ([`RunDir::resume_point`]).
+//! See docs/resume.md.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,10 +32,202 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .map(|e| format!("{}.", e.to_string_lossy()))
             .unwrap_or_default()
     ));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    write_file(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// The test hook's environment variable: see [`write_file`].
+pub const FAULT_WRITE_ENV: &str = "CAIRN_FAULT_WRITE_FAIL_AFTER";
+
+/// Creates `path`, writes `bytes` and syncs it to disk. Every checkpoint file (the kernel's
+/// and the torch backend's) is written through here or checked by [`injected_write_fault`].
+///
+/// # Errors
+/// The I/O error of creating, writing or syncing the file (the caller names the path), or the
+/// test hook's injected one.
+pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    injected_write_fault(path)
+}
+
+/// **Test hook**, called after a checkpoint file was written to its temporary name. With
+/// `CAIRN_FAULT_WRITE_FAIL_AFTER=N` in the environment (read once per process), the first `N`
+/// files written under a `checkpoints/` directory pass and every later one fails like a full
+/// disk: the file is cut to half its length and the call returns an error saying "No space
+/// left on device". The tests use it to check that a failed checkpoint is never taken for a
+/// good one. Without the variable it does nothing.
+///
+/// # Errors
+/// The injected error (or the I/O error of cutting the file).
+pub fn injected_write_fault(path: &Path) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    static WRITTEN: AtomicU64 = AtomicU64::new(0);
+    let limit = *LIMIT.get_or_init(|| {
+        std::env::var(FAULT_WRITE_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    if !path.components().any(|c| c.as_os_str() == "checkpoints")
+        || WRITTEN.fetch_add(1, Ordering::SeqCst) < limit
+    {
+        return Ok(());
+    }
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let len = f.metadata()?.len();
+    f.set_len(len / 2)?;
+    Err(std::io::Error::other(format!(
+        "No space left on device (injected by the test hook {FAULT_WRITE_ENV}={limit})"
+    )))
+}
+
+/// The file written last into every checkpoint: the size and CRC-32 of every other file.
+pub const MANIFEST_FILE: &str = "MANIFEST.json";
+
+/// `MANIFEST.json`: what a complete checkpoint holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Layout version (1).
+    pub format: u32,
+    /// Every file of the checkpoint but the manifest, sorted by path.
+    pub files: Vec<ManifestEntry>,
+}
+
+/// One file of a [`Manifest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Path relative to the checkpoint directory, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of the contents, 8 hex digits.
+    pub crc32: String,
+}
+
+/// Size and CRC-32 of a file, read in 1 MiB chunks.
+fn file_digest(path: &Path) -> std::io::Result<(u64, String)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok((bytes, format!("{:08x}", hasher.finalize())))
+}
+
+/// Every file under `dir` (recursively), relative and `/`-separated, sorted.
+fn files_under(dir: &Path) -> std::io::Result<Vec<String>> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                let rel = path.strip_prefix(root).unwrap_or(&path);
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push(parts.join("/"));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// Writes `dir/MANIFEST.json` over every other file in `dir` (call it last).
+///
+/// # Errors
+/// [`Error::Io`] naming the file that could not be read or written.
+pub fn write_manifest(dir: &Path) -> Result<()> {
+    let mut files = Vec::new();
+    for rel in files_under(dir).map_err(|e| Error::io(dir, e))? {
+        if rel == MANIFEST_FILE || rel.ends_with(".tmp") {
+            continue;
+        }
+        let path = dir.join(&rel);
+        let (bytes, crc32) = file_digest(&path).map_err(|e| Error::io(&path, e))?;
+        files.push(ManifestEntry {
+            path: rel,
+            bytes,
+            crc32,
+        });
+    }
+    let manifest = Manifest { format: 1, files };
+    let text = serde_json::to_string_pretty(&manifest).expect("manifests serialise");
+    write_atomic(&dir.join(MANIFEST_FILE), text.as_bytes())
+}
+
+/// Checks every file of a checkpoint against its manifest: present, of the listed size, with
+/// the listed CRC-32.
+///
+/// # Errors
+/// A sentence naming the first file that does not match and how (missing, size, checksum), or
+/// saying the manifest itself is missing or unreadable.
+pub fn verify_manifest(dir: &Path) -> std::result::Result<(), String> {
+    let path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{}: {e} (the checkpoint was not finished)", path.display()))?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: unreadable manifest: {e}", path.display()))?;
+    for entry in &manifest.files {
+        let file = dir.join(&entry.path);
+        let (bytes, crc32) = file_digest(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        if bytes != entry.bytes {
+            return Err(format!(
+                "{}: {bytes} bytes, the manifest says {} (truncated or overwritten)",
+                file.display(),
+                entry.bytes
+            ));
+        }
+        if crc32 != entry.crc32 {
+            return Err(format!(
+                "{}: CRC-32 {crc32}, the manifest says {} (the contents changed since the \
+                 checkpoint was written)",
+                file.display(),
+                entry.crc32
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint to resume from ([`RunDir::resume_point`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResumePoint {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// One sentence per checkpoint refused on the way (file and why) and per checkpoint
+    /// directory removed because it was newer than `dir`; empty when `latest` verified.
+    pub warnings: Vec<String>,
+}
+
+/// `(global step, clash suffix)` of a checkpoint directory name `step-NNNNNN[-K]`.
+fn checkpoint_key(dir: &Path) -> Option<(u64, u64)> {
+    let name = dir.file_name()?.to_str()?;
+    let rest = name.strip_prefix("step-")?;
+    let (step, n) = match rest.split_once('-') {
+        Some((s, n)) => (s, n.parse().ok()?),
+        None => (rest, 0),
+    };
+    Some((step.parse().ok()?, n))
 }
 
 /// Which part of the job a step belongs to.
@@ -62,6 +259,18 @@ pub struct TrainerState {
     /// before run ids (then nothing is checked).
     #[serde(default)]
     pub run_id: String,
+    /// Lines of `metrics.jsonl` when the checkpoint was written: a resume keeps exactly these
+    /// (`None` in checkpoints from before line counts: lines up to `global_step` are kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_lines: Option<u64>,
+    /// Lines of `eval.jsonl` when the checkpoint was written (as `metrics_lines`). An
+    /// evaluation that ran after a checkpoint of the same step is not covered by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_lines: Option<u64>,
+    /// The checkpoint ends with a `MANIFEST.json` ([`MANIFEST_FILE`]), so one without it is
+    /// unfinished. `false` in checkpoints from before manifests (they are not verified).
+    #[serde(default)]
+    pub manifest: bool,
 }
 
 impl Default for TrainerState {
@@ -73,6 +282,9 @@ impl Default for TrainerState {
             next_group_id: 0,
             global_step: 0,
             run_id: String::new(),
+            metrics_lines: None,
+            eval_lines: None,
+            manifest: false,
         }
     }
 }
@@ -130,10 +342,20 @@ pub struct RunDir {
     pub root: PathBuf,
 }
 
-/// Holds a run directory's lock ([`RunDir::lock`]) while alive.
+/// Holds a run directory's lock ([`RunDir::lock`]) while alive; dropping it empties the
+/// `.lock` file, so a pid left in it means its holder died without letting go.
 #[derive(Debug)]
 pub struct RunLock {
-    _file: std::fs::File,
+    file: std::fs::File,
+    /// The pid a killed run left in `.lock` (a stale lock, taken over); `None` when the file
+    /// was new or empty.
+    pub stale_holder: Option<String>,
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+    }
 }
 
 impl RunDir {
@@ -149,8 +371,15 @@ impl RunDir {
     /// held until the returned guard drops (or the process dies: the OS releases it). A second
     /// `cairn train` on the same directory would interleave metrics and checkpoints, so it is
     /// refused with the holder's pid.
+    ///
+    /// A `.lock` that still holds a pid although nobody holds the lock was left by a run that
+    /// was killed: it is taken over, and [`RunLock::stale_holder`] names that pid.
+    ///
+    /// # Errors
+    /// [`Error::RunLocked`] with the holder's pid when another process holds the directory;
+    /// [`Error::Io`] when `.lock` cannot be opened or written.
     pub fn lock(&self) -> Result<RunLock> {
-        use std::io::Write;
+        use std::io::{Read, Seek};
         let path = self.root.join(".lock");
         let mut file = std::fs::OpenOptions::new()
             .create(true)
@@ -170,9 +399,16 @@ impl RunDir {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
         }
+        let mut previous = String::new();
+        let _ = file.read_to_string(&mut previous);
+        let previous = previous.trim().to_string();
+        let stale_holder = (!previous.is_empty() && previous != std::process::id().to_string())
+            .then_some(previous);
         file.set_len(0).map_err(|e| Error::io(&path, e))?;
+        file.rewind().map_err(|e| Error::io(&path, e))?;
         write!(file, "{}", std::process::id()).map_err(|e| Error::io(&path, e))?;
-        Ok(RunLock { _file: file })
+        file.sync_all().map_err(|e| Error::io(&path, e))?;
+        Ok(RunLock { file, stale_holder })
     }
 
     pub fn metrics_path(&self) -> PathBuf {
@@ -198,7 +434,7 @@ impl RunDir {
     /// [`Error::Config`] naming the config file and saying to pass `--no-resume` or another
     /// `--run-dir`.
     pub fn check_resumable(&self, config: &crate::config::PipelineConfig) -> Result<()> {
-        if self.latest_checkpoint()?.is_none() {
+        if !self.root.join("checkpoints").join("latest").is_file() {
             return Ok(());
         }
         let path = self.root.join("config.toml");
@@ -256,6 +492,200 @@ impl RunDir {
                 differ.join(", ")
             ),
         })
+    }
+
+    /// Where a checkpoint of `global_step` is written before it is complete
+    /// (`checkpoints/tmp-step-NNNNNN`); [`RunDir::commit_checkpoint`] moves it into place.
+    pub fn staging_dir(&self, global_step: u64) -> PathBuf {
+        self.root
+            .join("checkpoints")
+            .join(format!("tmp-step-{global_step:06}"))
+    }
+
+    /// Removes unfinished checkpoints (`checkpoints/tmp-*`, left by a run that died while
+    /// writing one).
+    pub fn clear_staging(&self) -> Result<()> {
+        let root = self.root.join("checkpoints");
+        let entries = match std::fs::read_dir(&root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(&root, e)),
+        };
+        for entry in entries.filter_map(std::result::Result::ok) {
+            let path = entry.path();
+            if path.is_dir() && entry.file_name().to_string_lossy().starts_with("tmp-") {
+                std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes a checkpoint written into `staging`: writes its manifest (the last file),
+    /// renames it to `checkpoints/step-NNNNNN` (`step-NNNNNN-K` when that name is taken, as
+    /// when two checkpoints fall on one step) and moves `latest` to it. Returns its path.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file or directory that could not be written; `latest` then
+    /// still names the previous checkpoint.
+    pub fn commit_checkpoint(&self, staging: &Path, global_step: u64) -> Result<PathBuf> {
+        write_manifest(staging)?;
+        let mut dir = self.checkpoint_dir(global_step);
+        let mut k = 0;
+        while dir.exists() {
+            k += 1;
+            dir = self
+                .root
+                .join("checkpoints")
+                .join(format!("step-{global_step:06}-{k}"));
+        }
+        std::fs::rename(staging, &dir).map_err(|e| Error::io(&dir, e))?;
+        let parent = self.root.join("checkpoints");
+        if let Ok(d) = std::fs::File::open(&parent) {
+            let _ = d.sync_all();
+        }
+        self.mark_latest(&dir)?;
+        Ok(dir)
+    }
+
+    /// The checkpoint directories (`step-NNNNNN[-K]`), oldest first.
+    pub fn checkpoints(&self) -> Result<Vec<PathBuf>> {
+        let root = self.root.join("checkpoints");
+        let entries = match std::fs::read_dir(&root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(&root, e)),
+        };
+        let mut dirs: Vec<((u64, u64), PathBuf)> = entries
+            .filter_map(std::result::Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .filter_map(|p| checkpoint_key(&p).map(|k| (k, p)))
+            .collect();
+        dirs.sort();
+        Ok(dirs.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// Whether a checkpoint directory is whole: `trainer.json` readable and, for checkpoints
+    /// with a manifest, every file matching it.
+    ///
+    /// # Errors
+    /// A sentence naming the file and what is wrong with it.
+    pub fn verify_checkpoint(dir: &Path) -> std::result::Result<TrainerState, String> {
+        if !dir.is_dir() {
+            return Err(format!("{}: no such checkpoint directory", dir.display()));
+        }
+        let state = Self::load_state(dir).map_err(|e| format!("{e}"))?;
+        if state.manifest || dir.join(MANIFEST_FILE).exists() {
+            verify_manifest(dir)?;
+        }
+        Ok(state)
+    }
+
+    /// A free `checkpoints/refused-NAME[-k]` path for a refused checkpoint.
+    fn refused_path(&self, name: &str) -> PathBuf {
+        let root = self.root.join("checkpoints");
+        let mut path = root.join(format!("refused-{name}"));
+        let mut k = 1;
+        while path.exists() {
+            path = root.join(format!("refused-{name}-{k}"));
+            k += 1;
+        }
+        path
+    }
+
+    /// The checkpoint to resume from: the one `checkpoints/latest` names if it verifies
+    /// ([`RunDir::verify_checkpoint`]), else the newest earlier one that does, with a warning
+    /// per refused checkpoint. Refused checkpoints newer than the one chosen are moved aside to
+    /// `checkpoints/refused-NAME` (never deleted: they may hold files worth saving); complete
+    /// ones a killed run finished but never marked belong to no resumable timeline and
+    /// are removed, each with a warning. `None` when there is no `latest` (a fresh start).
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] when no checkpoint verifies: it lists each one and why, and says
+    /// to pass `--no-resume` (start over) or repair a file.
+    pub fn resume_point(&self) -> Result<Option<ResumePoint>> {
+        let latest = self.root.join("checkpoints").join("latest");
+        let name = match std::fs::read_to_string(&latest) {
+            Ok(name) => name.trim().to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&latest, e)),
+        };
+        let named = self.root.join("checkpoints").join(&name);
+        let named_key = checkpoint_key(&named).unwrap_or((u64::MAX, u64::MAX));
+        let mut candidates = vec![named.clone()];
+        candidates.extend(
+            self.checkpoints()?
+                .into_iter()
+                .rev()
+                .filter(|d| checkpoint_key(d).is_some_and(|k| k < named_key)),
+        );
+        let mut warnings = Vec::new();
+        let mut chosen = None;
+        let mut refused = Vec::new();
+        for dir in candidates {
+            match Self::verify_checkpoint(&dir) {
+                Ok(_) => {
+                    chosen = Some(dir);
+                    break;
+                }
+                Err(why) => {
+                    warnings.push(format!(
+                        "checkpoint {} refused: {why}",
+                        dir.file_name().unwrap_or_default().to_string_lossy()
+                    ));
+                    refused.push(dir);
+                }
+            }
+        }
+        let Some(dir) = chosen else {
+            return Err(Error::Checkpoint {
+                path: self.root.join("checkpoints"),
+                reason: format!(
+                    "no checkpoint of this run verifies, so it cannot resume ({}); restore the \
+                     damaged file from a copy, or pass --no-resume to start the run over",
+                    warnings.join("; ")
+                ),
+            });
+        };
+        if dir != named {
+            warnings.push(format!(
+                "resuming from the earlier checkpoint {} instead of {name}",
+                dir.file_name().unwrap_or_default().to_string_lossy()
+            ));
+        }
+        let chosen_key = checkpoint_key(&dir).unwrap_or((u64::MAX, u64::MAX));
+        for newer in self.checkpoints()? {
+            if !checkpoint_key(&newer).is_some_and(|k| k > chosen_key) {
+                continue;
+            }
+            let name = newer
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            if refused.contains(&newer) {
+                // A damaged checkpoint may still hold files worth saving (the weights of a
+                // checkpoint whose bank snapshot went missing): it is moved aside, never
+                // deleted.
+                let aside = self.refused_path(&name);
+                std::fs::rename(&newer, &aside).map_err(|e| Error::io(&newer, e))?;
+                warnings.push(format!(
+                    "moved the refused checkpoint {name} to {}; delete it once nothing in it \
+                     is needed",
+                    aside.display()
+                ));
+            } else {
+                std::fs::remove_dir_all(&newer).map_err(|e| Error::io(&newer, e))?;
+                warnings.push(format!(
+                    "removed checkpoint {name}: newer than the resume point, so the resumed run \
+                     writes its own"
+                ));
+            }
+        }
+        if dir != named {
+            self.mark_latest(&dir)?;
+        }
+        Ok(Some(ResumePoint { dir, warnings }))
     }
 
     /// The newest complete checkpoint, if any.
@@ -343,6 +773,41 @@ impl RunDir {
         write_atomic(path, out.as_bytes())
     }
 
+    /// Complete lines (newline-terminated) of a file; 0 when it does not exist.
+    pub fn count_lines(path: &Path) -> Result<u64> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(bytes.iter().filter(|&&b| b == b'\n').count() as u64),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    /// On resume: keeps the first `keep` complete lines of a file (those a checkpoint
+    /// covers) and drops the rest, including a line a killed run left half-written. Returns
+    /// how many lines were kept (fewer than `keep` when the file has lost lines).
+    pub fn truncate_lines(path: &Path, keep: u64) -> Result<u64> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let mut end = 0;
+        let mut kept = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            if kept == keep {
+                break;
+            }
+            if b == b'\n' {
+                kept += 1;
+                end = i + 1;
+            }
+        }
+        if end < bytes.len() {
+            write_atomic(path, &bytes[..end])?;
+        }
+        Ok(kept)
+    }
+
     /// Reads every record of `metrics.jsonl`.
     pub fn read_metrics(&self) -> Result<Vec<StepRecord>> {
         let path = self.metrics_path();
@@ -411,6 +876,97 @@ mod tests {
             .replace("[model]\n", "[model]\ndevice = \"auto\"\n");
         let same = PipelineConfig::parse(&same, "same.toml").unwrap();
         run.check_resumable(&same).unwrap();
+    }
+
+    /// A checkpoint with one file, committed.
+    fn commit(run: &RunDir, step: u64) -> PathBuf {
+        let staging = run.staging_dir(step);
+        std::fs::create_dir_all(staging.join("policy")).unwrap();
+        std::fs::write(staging.join("policy/model.safetensors"), vec![7u8; 64]).unwrap();
+        let state = TrainerState {
+            global_step: step,
+            manifest: true,
+            ..Default::default()
+        };
+        run.save_state(&staging, &state).unwrap();
+        run.commit_checkpoint(&staging, step).unwrap()
+    }
+
+    #[test]
+    fn a_damaged_latest_checkpoint_falls_back_to_the_newest_one_that_verifies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path()).unwrap();
+        let first = commit(&run, 1);
+        let second = commit(&run, 2);
+        // Two checkpoints of one step do not overwrite each other.
+        let third = commit(&run, 2);
+        assert_eq!(third.file_name().unwrap(), "step-000002-1");
+        let point = run.resume_point().unwrap().unwrap();
+        assert_eq!(
+            (point.dir.clone(), point.warnings.len()),
+            (third.clone(), 0)
+        );
+
+        std::fs::write(third.join("policy/model.safetensors"), vec![7u8; 10]).unwrap();
+        let mut bytes = std::fs::read(second.join("policy/model.safetensors")).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(second.join("policy/model.safetensors"), bytes).unwrap();
+        let point = run.resume_point().unwrap().unwrap();
+        assert_eq!(point.dir, first);
+        let text = point.warnings.join("\n");
+        assert!(
+            text.contains("step-000002-1 refused")
+                && text.contains("10 bytes, the manifest says 64")
+                && text.contains("step-000002 refused")
+                && text.contains("CRC-32"),
+            "{text}"
+        );
+        // `latest` moved back, and the refused ones are out of the timeline but kept aside,
+        // with their files.
+        assert_eq!(run.resume_point().unwrap().unwrap().dir, first);
+        assert_eq!(run.checkpoints().unwrap(), std::slice::from_ref(&first));
+        let aside = run.root.join("checkpoints/refused-step-000002-1");
+        assert_eq!(
+            std::fs::read(aside.join("policy/model.safetensors")).unwrap(),
+            vec![7u8; 10]
+        );
+        assert!(run.root.join("checkpoints/refused-step-000002").is_dir());
+        assert!(
+            text.contains("moved the refused checkpoint step-000002-1 to"),
+            "{text}"
+        );
+
+        std::fs::remove_file(first.join(MANIFEST_FILE)).unwrap();
+        let e = run.resume_point().unwrap_err().to_string();
+        assert!(
+            e.contains("no checkpoint of this run verifies") && e.contains("--no-resume"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn line_truncation_keeps_what_the_checkpoint_covers_and_drops_a_half_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.jsonl");
+        std::fs::write(&path, "{\"step\":1}\n{\"step\":1}\n{\"step\":2}\n{\"st").unwrap();
+        assert_eq!(RunDir::count_lines(&path).unwrap(), 3);
+        assert_eq!(RunDir::truncate_lines(&path, 2).unwrap(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":1}\n{\"step\":1}\n"
+        );
+        assert_eq!(RunDir::truncate_lines(&path, 5).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_pid_left_in_the_lock_file_is_a_stale_lock_taken_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path()).unwrap();
+        std::fs::write(tmp.path().join(".lock"), "999999999").unwrap();
+        let lock = run.lock().unwrap();
+        assert_eq!(lock.stale_holder.as_deref(), Some("999999999"));
+        drop(lock);
+        assert_eq!(run.lock().unwrap().stale_holder, None);
     }
 
     #[test]

@@ -72,6 +72,26 @@ pub struct Summary {
     pub resumed_from: Option<std::path::PathBuf>,
 }
 
+/// Why a stop was asked for ([`request_stop`]); `None` while the run may go on.
+static STOP: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+
+/// Asks a running [`Trainer`] to stop at the next step boundary (the host calls it on SIGINT
+/// or SIGTERM). The step in flight finishes; in RL the trainer then writes a checkpoint of
+/// that step (unless it just did) and returns [`Error::Interrupted`]; in the warm start it
+/// returns at once, and the resume starts again from the last epoch's checkpoint. `reason`
+/// ("interrupted (SIGINT)") opens the error message.
+pub fn request_stop(reason: &'static str) {
+    *STOP
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
+}
+
+fn stop_requested() -> Option<&'static str> {
+    *STOP
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The driver. Build it after [`crate::actors::start`].
 pub struct Trainer<'o> {
     pub config: PipelineConfig,
@@ -103,8 +123,19 @@ impl Trainer<'_> {
     pub async fn run(&mut self) -> Result<Summary> {
         let mut summary = Summary::default();
         let mut state = TrainerState::default();
-        match (self.config.run.resume, self.run.latest_checkpoint()?) {
-            (true, Some(dir)) => {
+        self.run.clear_staging()?;
+        let point = if self.config.run.resume {
+            self.run.resume_point()?
+        } else {
+            None
+        };
+        match point {
+            Some(point) => {
+                for warning in &point.warnings {
+                    tracing::warn!("{warning}");
+                    self.emit(Event::Note(format!("warning: {warning}")));
+                }
+                let dir = point.dir;
                 state = RunDir::load_state(&dir)?;
                 // A finished run asked for more steps goes back to RL.
                 if state.phase == Phase::Done && state.rl_steps < self.config.run.steps {
@@ -166,8 +197,38 @@ impl Trainer<'_> {
                         .load_state(&text)
                         .map_err(|e| Error::Other(format!("{}: {e}", algo_state.display())))?;
                 }
-                RunDir::truncate_jsonl(&self.run.metrics_path(), state.global_step)?;
-                RunDir::truncate_jsonl(&self.run.eval_path(), state.global_step)?;
+                // Exactly the lines the checkpoint covers: a step or an evaluation after it
+                // (even one of the same step) is redone by the resumed run.
+                for (path, lines) in [
+                    (self.run.metrics_path(), state.metrics_lines),
+                    (self.run.eval_path(), state.eval_lines),
+                ] {
+                    match lines {
+                        Some(n) => {
+                            let kept = RunDir::truncate_lines(&path, n)?;
+                            if kept < n {
+                                self.emit(Event::Note(format!(
+                                    "warning: {} has {kept} lines, the checkpoint covers {n}: \
+                                     lines were lost since it was written",
+                                    path.display()
+                                )));
+                            }
+                        }
+                        None => RunDir::truncate_jsonl(&path, state.global_step)?,
+                    }
+                }
+                // The data pool likewise: rows written after the checkpoint go (the resumed
+                // run writes them again).
+                let exclusions = ask(
+                    &self.pipeline.pool,
+                    crate::actors::pool::TruncatePool {
+                        rl_steps: state.rl_steps,
+                        global_step: state.global_step,
+                        evals: state.eval_lines,
+                    },
+                )
+                .await??;
+                self.note_exclusions(&exclusions);
                 summary.evals = read_evals(&self.run)?;
                 self.emit(Event::Note(format!(
                     "resumed from {} (step {}, policy version {version})",
@@ -183,7 +244,7 @@ impl Trainer<'_> {
                 }
                 summary.resumed_from = Some(dir);
             }
-            _ => {
+            None => {
                 for path in [
                     self.run.metrics_path(),
                     self.run.eval_path(),
@@ -192,6 +253,11 @@ impl Trainer<'_> {
                     if path.exists() {
                         std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
                     }
+                }
+                // Checkpoints of an earlier attempt would mix with this run's (and outrank
+                // them when pruning).
+                for dir in self.run.checkpoints()? {
+                    std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
                 }
                 crate::run::write_atomic(
                     &self.run.root.join("config.toml"),
@@ -207,6 +273,8 @@ impl Trainer<'_> {
                     },
                 )
                 .await??;
+                let exclusions = ask(&self.pipeline.pool, crate::actors::pool::ResetPool).await??;
+                self.note_exclusions(&exclusions);
             }
         }
 
@@ -220,6 +288,9 @@ impl Trainer<'_> {
             .await??;
             state.phase = Phase::Rl;
             self.checkpoint(&state).await?;
+            if let Some(reason) = stop_requested() {
+                return Err(self.interrupted(reason, &state));
+            }
         }
         if state.phase == Phase::Rl {
             self.reinforce(&mut state, &mut summary).await?;
@@ -294,6 +365,9 @@ impl Trainer<'_> {
                 0x5F7 + epoch,
             )));
             for (i, chunk) in order.chunks(ws.batch_rows).enumerate() {
+                if let Some(reason) = stop_requested() {
+                    return Err(self.interrupted(reason, state));
+                }
                 let started = Instant::now();
                 let sequences: Vec<Sequence> = chunk
                     .iter()
@@ -326,7 +400,12 @@ impl Trainer<'_> {
                 });
             }
             state.warm_start_epochs = epoch + 1;
-            self.checkpoint(state).await?;
+            // The last epoch's state is checkpointed once the warm start ends (the RL phase's
+            // first checkpoint, after the `after_warm_start` evaluation and the reference
+            // snapshot); a kill in between redoes that epoch from the one before.
+            if epoch + 1 < ws.epochs as u64 {
+                self.checkpoint(state).await?;
+            }
         }
         self.emit(Event::PhaseFinished);
         let report = self.evaluate("after_warm_start", state).await?;
@@ -393,14 +472,22 @@ impl Trainer<'_> {
     ) -> Result<()> {
         let steps = self.config.run.steps;
         while state.rl_steps < steps {
-            let outcome = ask(
+            let outcome = match ask(
                 &self.pipeline.optimizer,
                 TrainNext {
                     step: state.rl_steps,
                     next_group_id: next_group_id.clone(),
+                    global_step: state.global_step + 1,
                 },
             )
-            .await??;
+            .await?
+            {
+                Ok(outcome) => outcome,
+                Err(e @ Error::Signals { .. }) => {
+                    return Err(self.stop_after_signals(state, e).await)
+                }
+                Err(e) => return Err(e),
+            };
             state.next_group_id = next_group_id.load(std::sync::atomic::Ordering::SeqCst);
             state.rl_steps += 1;
             state.global_step += 1;
@@ -430,10 +517,9 @@ impl Trainer<'_> {
                 done: state.rl_steps,
                 message,
             });
-            let every = self.config.run.checkpoint_every;
-            if every > 0 && state.rl_steps.is_multiple_of(every) && state.rl_steps < steps {
-                self.checkpoint(state).await?;
-            }
+            // The evaluation of a step runs before its checkpoint, so the checkpoint covers
+            // it: a run killed in between evaluates that step again on resume, and a run
+            // killed after the checkpoint does not.
             let eval_every = self.config.eval.every;
             if eval_every > 0 && state.rl_steps.is_multiple_of(eval_every) && state.rl_steps < steps
             {
@@ -441,12 +527,62 @@ impl Trainer<'_> {
                 let report = self.evaluate(&label, state).await?;
                 summary.evals.push((label, report));
             }
+            let every = self.config.run.checkpoint_every;
+            if every > 0 && state.rl_steps.is_multiple_of(every) && state.rl_steps < steps {
+                self.checkpoint(state).await?;
+            }
+            // A signal: this step is done (and evaluated); checkpoint it before the producer
+            // may start the next one, then stop.
+            if let Some(reason) = stop_requested() {
+                let just_written =
+                    every > 0 && state.rl_steps.is_multiple_of(every) && state.rl_steps < steps;
+                if !just_written {
+                    self.checkpoint(state).await?;
+                }
+                return Err(self.interrupted(reason, state));
+            }
             // Only now may the producer start step `rl_steps + lag`: at k = 0 the next
             // rollout sees this step's update, checkpoint and evaluation, as in synchronous
             // training.
             gate.advance(state.rl_steps);
         }
         Ok(())
+    }
+
+    /// The algorithm's signals failed at RL step `state.rl_steps`: the update did not run, so
+    /// the weights and `state` are the last good step's. Writes a checkpoint of it (unless the
+    /// latest checkpoint is of it already) and returns the error to stop with, naming that
+    /// checkpoint.
+    async fn stop_after_signals(&mut self, state: &TrainerState, error: Error) -> Error {
+        let dir = self.run.checkpoint_dir(state.global_step);
+        let current = matches!(self.run.latest_checkpoint(), Ok(Some(d)) if d == dir);
+        if !current {
+            if let Err(e) = self.checkpoint(state).await {
+                return Error::Other(format!(
+                    "{error}; writing a checkpoint of the last good step also failed: {e}"
+                ));
+            }
+        }
+        Error::Other(format!(
+            "{error}. The run stopped; checkpoint {} holds the last good step (RL step {}): fix \
+             the plugin or its config and run the same command to resume from there",
+            dir.display(),
+            state.rl_steps
+        ))
+    }
+
+    /// Says which curated exclusions of the data pool this run's training will skip.
+    fn note_exclusions(&mut self, exclusions: &crate::pool::Exclusions) {
+        if exclusions.is_empty() {
+            return;
+        }
+        let list: Vec<String> = exclusions.0.iter().map(|x| x.describe()).collect();
+        self.emit(Event::Note(format!(
+            "the data pool holds {} exclusion(s); training skips matching rows: {} (cairn pool \
+             include removes one)",
+            list.len(),
+            list.join("; ")
+        )));
     }
 
     /// Plays the held-out tasks and records the result.
@@ -466,26 +602,43 @@ impl Trainer<'_> {
                 tasks: e.tasks,
                 temperature: e.temperature,
                 seed: mix(self.config.run.seed, 0xE7A1),
-                record: self.config.run.record_trajectories,
+                record: true,
             },
         )
         .await??;
         let mut report = report;
-        if !report.rows.is_empty() {
-            // Numbered by RL step, like the training batches beside it.
-            let batch = cairn_plugin_sdk::Batch {
-                step: state.rl_steps,
-                rows: std::mem::take(&mut report.rows),
-            };
-            ask(
-                &self.pipeline.bank,
-                crate::actors::bank::RecordEvaluation {
-                    label: label.to_string(),
-                    batch,
-                },
-            )
-            .await??;
+        // Into the data pool (source `eval:<label>`, numbered by the RL steps done), before
+        // the eval.jsonl line, so a checkpoint's line count also counts the pool's evaluations.
+        let source = crate::pool::Source::Eval(label.to_string());
+        let turns = std::mem::take(&mut report.rows)
+            .into_iter()
+            .map(|row| crate::pool::TurnWrite {
+                row,
+                advantages: None,
+                trained: false,
+                skip_reason: Some("evaluation".into()),
+            })
+            .collect();
+        let seeds: std::collections::HashMap<u64, u64> =
+            std::mem::take(&mut report.seeds).into_iter().collect();
+        let mut episodes =
+            crate::pool::EpisodeWrite::group(&source, state.rl_steps, state.global_step, turns);
+        for f in std::mem::take(&mut report.failed_episodes) {
+            episodes.push(crate::pool::EpisodeWrite::failed(
+                &source,
+                state.rl_steps,
+                state.global_step,
+                &f,
+            ));
         }
+        for e in &mut episodes {
+            e.seed = seeds.get(&e.trajectory_id).copied();
+        }
+        ask(
+            &self.pipeline.pool,
+            crate::actors::pool::RecordEvaluation(episodes),
+        )
+        .await??;
         let mut line = serde_json::to_value(&report).expect("eval report serialises");
         if let Value::Object(m) = &mut line {
             m.insert("step".into(), json!(state.global_step));
@@ -499,10 +652,40 @@ impl Trainer<'_> {
         Ok(report)
     }
 
+    /// The error a stop request ends the run with: where it stopped and how to go on.
+    fn interrupted(&self, reason: &str, state: &TrainerState) -> Error {
+        let latest = std::fs::read_to_string(self.run.root.join("checkpoints").join("latest"))
+            .map(|n| n.trim().to_string())
+            .unwrap_or_default();
+        let at = if latest.is_empty() {
+            "no checkpoint yet, so the run starts over".to_string()
+        } else {
+            format!("its last checkpoint is checkpoints/{latest}")
+        };
+        Error::Interrupted {
+            message: format!(
+                "{reason}: stopped at step {} (RL step {}) with nothing half-written; {at}; run \
+                 the same command to resume the run in {}",
+                state.global_step,
+                state.rl_steps,
+                self.run.root.display()
+            ),
+        }
+    }
+
     /// Writes a complete checkpoint and moves `checkpoints/latest` to it; keeps the last two
     /// and the end of the warm start.
+    ///
+    /// The files go into `checkpoints/tmp-step-NNNNNN/` (policy, bank snapshot, algorithm
+    /// state, `trainer.json` with the line counts of `metrics.jsonl` and `eval.jsonl` it
+    /// covers), then [`RunDir::commit_checkpoint`] writes the manifest and renames the
+    /// directory into place. A failure at any point (a full disk) leaves `latest` on the
+    /// previous checkpoint.
     async fn checkpoint(&mut self, state: &TrainerState) -> Result<()> {
-        let dir = self.run.checkpoint_dir(state.global_step);
+        let dir = self.run.staging_dir(state.global_step);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         ask(
             &self.pipeline.policy,
@@ -514,8 +697,14 @@ impl Trainer<'_> {
         ask(&self.pipeline.bank, CheckpointBank { dir: dir.clone() }).await??;
         let algo = self.algorithm.lock().save_state()?;
         crate::run::write_atomic(&dir.join("algorithm.state"), algo.as_bytes())?;
-        self.run.save_state(&dir, state)?;
-        self.run.mark_latest(&dir)?;
+        let state = TrainerState {
+            metrics_lines: Some(RunDir::count_lines(&self.run.metrics_path())?),
+            eval_lines: Some(RunDir::count_lines(&self.run.eval_path())?),
+            manifest: true,
+            ..state.clone()
+        };
+        self.run.save_state(&dir, &state)?;
+        let dir = self.run.commit_checkpoint(&dir, state.global_step)?;
         prune_checkpoints(&self.run, &dir, 2)?;
         Ok(())
     }
@@ -551,17 +740,7 @@ fn read_evals(run: &RunDir) -> Result<Vec<(String, EvalReport)>> {
 
 /// Deletes all but the newest `keep` checkpoints (never `current`).
 fn prune_checkpoints(run: &RunDir, current: &std::path::Path, keep: usize) -> Result<()> {
-    let root = run.root.join("checkpoints");
-    let mut dirs: Vec<_> = std::fs::read_dir(&root)
-        .map_err(|e| Error::io(&root, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
-        })
-        .collect();
-    dirs.sort();
+    let dirs = run.checkpoints()?;
     let n = dirs.len();
     for d in dirs.into_iter().take(n.saturating_sub(keep)) {
         if d != current && !is_warm_start_end(&d) {

@@ -358,6 +358,11 @@ impl Environment for ForeignEnvironment {
     }
 }
 
+/// How [`ForeignEpisode::observation`] (which has no error return) reports a plugin error or
+/// panic: an observation whose text starts with this, then the error, then `]`. The kernel's
+/// episode loop fails such an episode instead of showing the text to the policy.
+pub const OBSERVATION_ERROR_PREFIX: &str = "[environment error: ";
+
 /// An episode living in a plugin.
 pub struct ForeignEpisode {
     name: String,
@@ -369,7 +374,7 @@ impl Episode for ForeignEpisode {
         lift(&self.name, self.inner.observation_json())
             .and_then(|t| parse_json(&self.name, "observation", t))
             .unwrap_or_else(|e| Observation {
-                text: format!("[environment error: {e}]"),
+                text: format!("{OBSERVATION_ERROR_PREFIX}{e}]"),
                 ..Default::default()
             })
     }

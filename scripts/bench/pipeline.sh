@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The actor pipeline on the household default (`examples/household-grpo.toml`): sync (k = 0)
 # against async (`rollout.max_staleness = 1`), rollout log-prob reuse
-# (`optimizer.reuse_rollout_logprobs = true`) and the experience bank's share of a step
-# (`run.record_trajectories = true`, plus `cairn-bench bank-actor` timing the bank actor's
-# messages directly). See BENCHMARKS.md, "The actor pipeline".
+# (`optimizer.reuse_rollout_logprobs = true`), and the bank actor's checkpoint snapshot
+# (`cairn-bench bank-actor`). Every variant writes the data pool (its cost is each step's
+# `pool/write_time_s`; scripts/bench/pool.sh measures it). See BENCHMARKS.md, "The actor
+# pipeline".
 #
-#   scripts/bench/pipeline.sh                      # 4 variants x 2 rounds of 20 steps (~35 min, 2 cores)
+#   scripts/bench/pipeline.sh                      # 3 variants x 2 rounds of 20 steps (~26 min, 2 cores)
 #   scripts/bench/pipeline.sh --steps 30 --rounds 3 --variants sync,async
 #   scripts/bench/pipeline.sh --full --rounds 0    # only the whole main job, at k = 1 and k = 0
 #   scripts/bench/pipeline.sh --full-variants async --rounds 0   # the whole main job at k = 1
@@ -13,7 +14,7 @@
 #   scripts/bench/pipeline.sh --summary-only       # redo the tables from the run directories
 #
 # Variants: sync (the default config), async (max_staleness = 1), reuse
-# (reuse_rollout_logprobs = true), record (record_trajectories = true). Runs are sequential;
+# (reuse_rollout_logprobs = true). Runs are sequential;
 # round r plays the variants in order, round r + 1 in reverse, so slow drift of the machine's
 # load falls on every variant alike; ratios are taken within a round. Every run is a fresh
 # `cairn train --no-resume` (warm start, RL steps, held-out evaluations) in its own directory.
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/../.."
 steps=20
 rounds=2
 start_round=1
-variants="sync,async,reuse,record"
+variants="sync,async,reuse"
 full=0
 full_variants="async,sync"
 out=target/bench/pipeline
@@ -66,7 +67,6 @@ extra = {
     "sync": None,
     "async": ("[rollout]", "max_staleness = 1"),
     "reuse": ("[optimizer]", "reuse_rollout_logprobs = true"),
-    "record": ("[run]", "record_trajectories = true"),
 }[variant]
 out, section = [], None
 for line in sys.stdin.read().splitlines():
@@ -123,11 +123,10 @@ if [[ $summary_only == 0 ]]; then
         fi
         for v in "${order[@]}"; do run "$v" "$v-r$r" "$steps"; done
     done
-    # The bank actor's messages, timed directly on a batch the `record` runs wrote.
-    batch=$(ls "$out"/record-r*/trajectories/step-*.json 2> /dev/null | tail -n 1 || true)
-    if [[ -n $batch && -x target/release/cairn-bench ]]; then
-        echo "== bank-actor on $batch"
-        target/release/cairn-bench bank-actor --batch "$batch" --repeats 20 \
+    # The bank actor's checkpoint snapshot, timed directly.
+    if [[ -x target/release/cairn-bench ]]; then
+        echo "== bank-actor"
+        target/release/cairn-bench bank-actor --repeats 20 \
             --dir "$out/bank-actor" > "$out/bank-actor.json"
     fi
 fi
@@ -246,11 +245,8 @@ bank = os.path.join(out, "bank-actor.json")
 bank_lines = []
 if os.path.exists(bank):
     b = json.loads(open(bank).read())
-    bank_lines = ["", f'bank actor ({b["batch_rows"]} rows, {b["batch_json_bytes"] / 1e6:.2f} MB of batch JSON, '
-                  f'{b["repeats"]} round trips each): RecordBatch recording off '
-                  f'{1e3 * b["record_batch_record_off_median_s"]:.3f} ms, on '
-                  f'{1e3 * b["record_batch_record_on_median_s"]:.1f} ms; CheckpointBank (empty bank) '
-                  f'{1e3 * b["checkpoint_bank_empty_median_s"]:.2f} ms (medians)']
+    bank_lines = ["", f'bank actor ({b["repeats"]} round trips): CheckpointBank (empty bank) '
+                  f'{1e3 * b["checkpoint_bank_empty_median_s"]:.2f} ms (median)']
 text = "\n".join(lines + ratio_lines + bank_lines) + "\n"
 open(os.path.join(out, "results.md"), "w").write(text)
 json.dump({"runs": runs, "ratios": ratios}, open(os.path.join(out, "results.json"), "w"), indent=1)

@@ -213,9 +213,10 @@ mod with_torch {
         SharedAlgorithm,
         cairn_kernel::text::Tokenizer,
     )> {
-        // Training writes the run's bank; an evaluation gets an in-memory one (`eval` restores
-        // its checkpoint's snapshot into it) and never touches the run's file.
-        let (tokenizer, bank) = match source {
+        // Training writes the run's bank and data pool; an evaluation gets in-memory ones
+        // (`eval` restores its checkpoint's bank snapshot into it) and never touches the run's
+        // files.
+        let (tokenizer, bank, pool) = match source {
             TokenizerSource::Training => (
                 setup::tokenizer(
                     config,
@@ -224,10 +225,12 @@ mod with_torch {
                     setup::keeps_knowledge(config, &plugins.algorithm.requirements()),
                 )?,
                 config.bank.open(&run.root)?,
+                cairn_kernel::pool::Pool::open(&cairn_kernel::pool::pool_path(&run.root))?,
             ),
             TokenizerSource::Run => (
                 setup::run_tokenizer(config, &run.root)?,
                 cairn_kernel::bank::Bank::in_memory()?,
+                cairn_kernel::pool::Pool::in_memory()?,
             ),
         };
         let builder = setup::prompt_builder(config, &tokenizer)?;
@@ -250,10 +253,7 @@ mod with_torch {
             optimizer,
             reward: config.reward.clone(),
             objective: config.objective.clone(),
-            record_dir: config
-                .run
-                .record_trajectories
-                .then(|| run.root.join("trajectories")),
+            pool,
             bank,
             skills: config.skills.clone(),
             skills_api_key: config.skills_api_key(|v| std::env::var(v).ok())?,
@@ -291,12 +291,18 @@ mod with_torch {
         let started = std::time::Instant::now();
         // Plugins first: a missing or broken one is reported before anything is written; so is
         // a missing API key of the endpoint reflector.
-        let plugins = setup::plugins(&config)?;
-        config.skills_api_key(|v| std::env::var(v).ok())?;
+        // (the checks `cairn check` runs).
+        let plugins = setup::checked(&config)?;
         let run = RunDir::create(&config.run.dir)?;
         // Held until the run ends: a second `cairn train` on this directory is refused.
-        let _lock = run.lock()?;
+        let lock = run.lock()?;
         eprintln!("run directory: {}", run.root.display());
+        if let Some(pid) = &lock.stale_holder {
+            eprintln!(
+                "note: took over the run directory's lock from pid {pid}, which is no longer \
+                 running (a run that was killed); resuming from its last checkpoint"
+            );
+        }
         if config.run.resume {
             run.check_resumable(&config)?;
         }
@@ -304,6 +310,20 @@ mod with_torch {
             parts_and_tokenizer(&config, &run, plugins, TokenizerSource::Training)?;
         let mut progress = Progress::default();
         let summary: Summary = on_actor_system(async {
+            // SIGINT / SIGTERM: the trainer finishes the step in flight, checkpoints it and
+            // stops with an error saying how to resume; a second signal exits at once (an
+            // unfinished checkpoint is never taken for a good one, so that is safe too).
+            actix::spawn(async {
+                let signal = crate::serve::signalled().await;
+                eprintln!(
+                    "{signal}: finishing the step in flight, then checkpointing and stopping \
+                     (a second signal stops at once)"
+                );
+                cairn_kernel::trainer::request_stop(signal);
+                let again = crate::serve::signalled().await;
+                eprintln!("{again}: stopping now; the run resumes from its last checkpoint");
+                std::process::exit(130);
+            });
             let mut pipeline = actors::start(parts);
             let threads = pipeline.threads.clone();
             let summary = async {

@@ -5,15 +5,20 @@
 //! `cairn-kernel` (actors, objective, plugins), `cairn-torch` (the model) and the plugins.
 //!
 //! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `bank`, `config`,
-//! `import gguf`, and with the `torch` feature `logprobs`.
+//! `import gguf`, and with the `torch` feature `logprobs`, `serve` and `ui`.
 
 mod bank_cmd;
+#[cfg(feature = "torch")]
+mod check;
 mod commands;
 mod import;
 mod plot;
+mod pool_cmd;
 mod progress;
 #[cfg(feature = "torch")]
 mod serve;
+#[cfg(feature = "torch")]
+mod ui;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +56,13 @@ enum Command {
         /// Start over even if the run directory has a checkpoint.
         #[arg(long)]
         no_resume: bool,
+    },
+    /// Check a pipeline config without training: every key, the plugins and their configs,
+    /// each plugin's needs and the algorithm stack (errors give the file, line and fix).
+    #[cfg(feature = "torch")]
+    Check {
+        /// Pipeline config (TOML).
+        config: PathBuf,
     },
     /// Evaluate a checkpoint on held-out tasks.
     #[command(allow_negative_numbers = true)]
@@ -144,6 +156,44 @@ enum Command {
         /// Append every finished episode (rows in the batch JSON form) to this JSONL file.
         #[arg(long)]
         record: Option<PathBuf>,
+        /// Also serve the dashboard (docs/dashboard.md) under `/ui/` of the gateway's address:
+        /// the runs under `run.dir` and the gateway's live episodes.
+        #[arg(long)]
+        ui: bool,
+    },
+    /// Serve the dashboard of a run directory, or of a directory of runs: curves updating
+    /// live, episodes token by token, the groups of a step, the bank (docs/dashboard.md).
+    /// Read-only: safe while a run trains.
+    #[cfg(feature = "torch")]
+    Ui {
+        /// A run directory (`run.dir` of a config) or a directory of run directories.
+        run_dir: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on; 0 picks a free one (the URL is printed).
+        #[arg(long, default_value_t = 8470)]
+        port: u16,
+    },
+    /// Query, curate and export a run's data pool (`RUN_DIR/pool.sqlite`: every trajectory,
+    /// turn by turn; see docs/pool.md).
+    Pool {
+        #[command(subcommand)]
+        command: pool_cmd::PoolCommand,
+    },
+    /// A run's data pool in the terminal: per-step summaries, or one episode turn by turn
+    /// (prompt and response text, trainable tokens, their advantages and log-probs).
+    Inspect {
+        run_dir: PathBuf,
+        /// Show this trajectory id turn by turn (of the training episodes unless --source).
+        #[arg(long)]
+        episode: Option<u64>,
+        /// With --episode: the source to look in (rollout, gateway, eval:LABEL, train, eval).
+        #[arg(long, requires = "episode")]
+        source: Option<String>,
+        /// Show the episode with this pool id (the `id` column of `cairn pool query`).
+        #[arg(long, conflicts_with = "episode")]
+        id: Option<u64>,
     },
     /// Inspect a run's experience bank (`RUN_DIR/bank.sqlite`, or a checkpoint's copy).
     Bank {
@@ -202,6 +252,8 @@ fn main() -> ExitCode {
             steps,
             no_resume,
         } => commands::train(config.as_deref(), run_dir, steps, no_resume),
+        #[cfg(feature = "torch")]
+        Command::Check { config } => check::check(&config),
         Command::Eval {
             checkpoint,
             config,
@@ -240,7 +292,28 @@ fn main() -> ExitCode {
             bind,
             checkpoint,
             record,
-        } => serve::serve(&config, bind, checkpoint.as_deref(), record),
+            ui,
+        } => serve::serve(&config, bind, checkpoint.as_deref(), record, ui),
+        #[cfg(feature = "torch")]
+        Command::Ui {
+            run_dir,
+            host,
+            port,
+        } => ui::serve_dashboard(&run_dir, &host, port),
+        Command::Pool { command } => pool_cmd::run(command),
+        Command::Inspect {
+            run_dir,
+            episode,
+            source,
+            id,
+        } => pool_cmd::inspect(
+            &run_dir,
+            pool_cmd::EpisodeChoice {
+                trajectory: episode,
+                pool_id: id,
+                source,
+            },
+        ),
         Command::Bank { command } => bank_cmd::run(command),
         Command::Import { command } => import::run(command),
         Command::Config => {

@@ -60,13 +60,89 @@ pub struct Plugins {
     pub env: Arc<dyn Environment>,
     /// `[algorithm]` and its `[[algorithm.stack]]` (see `cairn_kernel::stack`).
     pub algorithm: Stack,
+    /// What the environment reports (tasks per split, turns, the signals it provides).
+    pub env_info: cairn_plugin_sdk::EnvironmentInfo,
+    /// The plugins the pipeline uses: `(kind, name, version, file)`, environment first.
+    pub used: Vec<(String, String, String, PathBuf)>,
+    /// The directories scanned for plugins.
+    pub dirs: Vec<PathBuf>,
+    /// Plugin files in those directories that failed to load (each says why); the pipeline
+    /// does not use them.
+    pub failures: Vec<String>,
 }
 
+/// Everything `cairn train` checks before it builds anything costly, and all that
+/// `cairn check` does: the config (already parsed and validated), the plugins (loaded and
+/// created with their configs), each stack member's needs against the environment and the
+/// host, the stack itself, the skill creator's API key, and the model's settings (device,
+/// dtype, the model directory's `config.json`). Errors name the file, the line and the fix.
+pub fn checked(config: &PipelineConfig) -> Result<Plugins> {
+    let plugins = plugins(config)?;
+    config.skills_api_key(|v| std::env::var(v).ok())?;
+    device_and_dtype(config)?;
+    if let Some(dir) = &config.model.path {
+        context_window(config).map_err(|e| {
+            config.error(
+                "model.path",
+                format!(
+                    "{e:#}; point it at a Hugging Face model directory (one with config.json, \
+                     model.safetensors and the tokenizer files)"
+                ),
+            )
+        })?;
+        if !dir.join("tokenizer.json").is_file() {
+            return Err(config
+                .error(
+                    "model.path",
+                    format!(
+                        "{} has no tokenizer.json; point it at a Hugging Face model directory",
+                        dir.display()
+                    ),
+                )
+                .into());
+        }
+    }
+    Ok(plugins)
+}
+
+/// `model.device` and `model.dtype`, parsed, with the file and line when they do not.
+fn device_and_dtype(config: &PipelineConfig) -> Result<(DeviceOption, cairn_torch::Dtype)> {
+    let device: DeviceOption = serde_json::from_value(serde_json::json!(config.model.device))
+        .map_err(|e| config.error("model.device", format!("{e}; use cpu, cuda or auto")))?;
+    let dtype = serde_json::from_value(serde_json::json!(config.model.dtype))
+        .map_err(|e| config.error("model.dtype", e))?;
+    Ok((device, dtype))
+}
+
+/// The pipeline's plugins, created from their config sections and checked against each
+/// other ([`checked`] adds the rest of the pre-flight checks).
 pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
-    let registry = PluginRegistry::scan(&dirs_or_default(&config.plugins.dirs))?;
-    for failure in registry.failures() {
+    let dirs = dirs_or_default(&config.plugins.dirs);
+    let registry = PluginRegistry::scan(&dirs).map_err(|e| match e {
+        cairn_kernel::Error::Config { message, .. } if !config.plugins.dirs.is_empty() => {
+            config.error("plugins.dirs", message)
+        }
+        e => e,
+    })?;
+    let failures: Vec<String> = registry.failures().iter().map(|f| f.to_string()).collect();
+    for failure in &failures {
         tracing::warn!("{failure}");
     }
+    let version = |kind: cairn_plugin_sdk::ffi::PluginKind, name: &str| {
+        registry
+            .plugins()
+            .iter()
+            .find(|p| p.info.kind == kind && p.info.name == name)
+            .map(|p| {
+                (
+                    kind.as_str().to_string(),
+                    name.to_string(),
+                    p.info.version.clone(),
+                    p.path.clone(),
+                )
+            })
+    };
+    let mut used = Vec::new();
     let (env_name, algo_name) = (config.environment_name(), &config.algorithm.plugin);
     let (env, info): (Arc<dyn Environment>, _) = match &config.environment {
         Some(section) => {
@@ -78,6 +154,10 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
             let info = env
                 .try_info()
                 .with_context(|| format!("environment `{env_name}`"))?;
+            used.extend(version(
+                cairn_plugin_sdk::ffi::PluginKind::Environment,
+                env_name,
+            ));
             (Arc::new(env), info)
         }
         None => {
@@ -113,6 +193,7 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
             .try_requirements()
             .with_context(|| format!("algorithm `{name}` ({key})"))?;
         config.check_member_requirements(name, &requirements, &info)?;
+        used.extend(version(cairn_plugin_sdk::ffi::PluginKind::Algorithm, name));
         members.push(Member {
             name: name.clone(),
             requirements,
@@ -121,7 +202,14 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
     }
     let algorithm = Stack::new(members)
         .map_err(|e| config.error(&AlgorithmSection::member_key(e.member), e.message))?;
-    Ok(Plugins { env, algorithm })
+    Ok(Plugins {
+        env,
+        algorithm,
+        env_info: info,
+        used,
+        dirs,
+        failures,
+    })
 }
 
 /// Special tokens of the tokenizers Cairn trains for scratch models.
@@ -260,10 +348,7 @@ pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<Back
         }
         (None, None) => unreachable!("config validation requires model.path or model.scratch"),
     };
-    let device: DeviceOption = serde_json::from_value(serde_json::json!(config.model.device))
-        .with_context(|| format!("model.device = {:?}", config.model.device))?;
-    let dtype = serde_json::from_value(serde_json::json!(config.model.dtype))
-        .with_context(|| format!("model.dtype = {:?}", config.model.dtype))?;
+    let (device, dtype) = device_and_dtype(config)?;
     let o = &config.optimizer;
     Ok(BackendConfig {
         model,

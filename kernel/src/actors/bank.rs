@@ -1,7 +1,7 @@
 //! The experience-bank actor: owns the run's [`Bank`] (SQLite, `<run>/bank.sqlite`) and
 //! answers plugins' queries, puts and statistics updates (through the kernel's `Host`), and
-//! the trainer's checkpoint and restore. It also records every finalised batch as JSON (the
-//! trajectory recorder) when the run asks for it.
+//! the trainer's checkpoint and restore. (Trajectories go to the data pool's actor,
+//! [`crate::actors::pool`].)
 //!
 //! It runs on a `SyncArbiter` with one thread rather than on the async arbiter: every request
 //! is blocking SQLite I/O (a commit, a snapshot of the whole file), which would stall the
@@ -9,88 +9,27 @@
 //! requests on the bank's single connection, in arrival order. Callers on a sync actor's
 //! thread (the optimizer, inside a plugin's `signals`) block on the reply; async callers
 //! `send().await`.
-//!
-//! Recorded batches use the documented JSON form of the SDK's [`Batch`] (`docs/batch-json.md`),
-//! so `cairn signals` and `cairn loss` can read them back.
 
 use std::path::PathBuf;
 
 use actix::prelude::*;
 use cairn_plugin_sdk::bank::{BankQuery, NewEntry, Provenance, Retrieved, StatsUpdate};
-use cairn_plugin_sdk::Batch;
 
 use crate::bank::{snapshot_path, Bank};
 use crate::error::{Error, Result};
 
 pub struct ExperienceBankActor {
     bank: Bank,
-    /// Where batches are written (`<run>/trajectories`); `None`: not recorded.
-    record_dir: Option<PathBuf>,
 }
 
 impl ExperienceBankActor {
-    pub fn new(bank: Bank, record_dir: Option<PathBuf>) -> Self {
-        ExperienceBankActor { bank, record_dir }
+    pub fn new(bank: Bank) -> Self {
+        ExperienceBankActor { bank }
     }
 }
 
 impl Actor for ExperienceBankActor {
     type Context = SyncContext<Self>;
-}
-
-/// Record a finalised batch; returns the file written, if recording is on.
-#[derive(Message)]
-#[rtype(result = "Result<Option<PathBuf>>")]
-pub struct RecordBatch {
-    pub batch: Batch,
-}
-
-impl ExperienceBankActor {
-    /// Writes `batch` as `<record_dir>/{name}.json` when recording is on.
-    fn record(&self, name: &str, batch: &Batch) -> Result<Option<PathBuf>> {
-        let Some(dir) = &self.record_dir else {
-            return Ok(None);
-        };
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let path = dir.join(format!("{name}.json"));
-        let text = serde_json::to_string(batch)
-            .map_err(|e| Error::Other(format!("serialising {name}: {e}")))?;
-        crate::run::write_atomic(&path, text.as_bytes())?;
-        Ok(Some(path))
-    }
-}
-
-impl Handler<RecordBatch> for ExperienceBankActor {
-    type Result = Result<Option<PathBuf>>;
-    fn handle(&mut self, msg: RecordBatch, _: &mut Self::Context) -> Self::Result {
-        self.record(&format!("step-{:06}", msg.batch.step), &msg.batch)
-    }
-}
-
-/// Record the rows of a held-out evaluation (`trajectories/eval-{label}-step-NNNNNN.json`,
-/// the batch form, numbered by the batch's step: the RL steps done) when recording is on:
-/// the evidence that evaluations play the plain policy (no scaffold, experience or skill ever
-/// reaches an evaluation prompt).
-#[derive(Message)]
-#[rtype(result = "Result<Option<PathBuf>>")]
-pub struct RecordEvaluation {
-    pub label: String,
-    pub batch: Batch,
-}
-
-impl Handler<RecordEvaluation> for ExperienceBankActor {
-    type Result = Result<Option<PathBuf>>;
-    fn handle(&mut self, msg: RecordEvaluation, _: &mut Self::Context) -> Self::Result {
-        let label: String = msg
-            .label
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        self.record(
-            &format!("eval-{label}-step-{:06}", msg.batch.step),
-            &msg.batch,
-        )
-    }
 }
 
 /// Top-k entries for a query, best first ([`Bank::query`]).
@@ -253,7 +192,7 @@ mod tests {
                     .expect("the factory runs on one thread")
                     .take()
                     .expect("the bank actor is built once");
-                ExperienceBankActor::new(bank, None)
+                ExperienceBankActor::new(bank)
             });
             let ids = addr
                 .send(put(&["rinse the mug", "heat the potato"], 4))
@@ -319,14 +258,6 @@ mod tests {
                 .unwrap()
                 .unwrap_err();
             assert!(matches!(missing, Error::FileNotFound { .. }), "{missing}");
-            let none = addr
-                .send(RecordBatch {
-                    batch: Batch::default(),
-                })
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(none, None);
             actix::System::current().stop();
         });
         let bank = Bank::open(&bank_path(dir.path())).unwrap();
@@ -351,7 +282,7 @@ mod tests {
             let bank = std::sync::Mutex::new(Some(bank));
             let addr = SyncArbiter::start(1, move || {
                 let bank = bank.lock().expect("one thread").take().expect("built once");
-                ExperienceBankActor::new(bank, None)
+                ExperienceBankActor::new(bank)
             });
             let reset = |id: &str| ResetBank {
                 run_id: Some(id.into()),

@@ -5,7 +5,8 @@
 //! | [`policy::PolicyActor`] | `SyncArbiter` (1 thread) | owns the backend: sample, score, train, checkpoint |
 //! | [`rollout::RolloutActor`] ×2 | `SyncArbiter` each | the producer plays the RL steps onto the bounded queue ([`rollout::RunRollouts`]); the other serves evaluations, demonstrations and resample rounds |
 //! | [`reward::RewardActor`] | async arbiter | final rewards and shaping |
-//! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint; records batches |
+//! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint |
+//! | [`pool::DataPoolActor`] | `SyncArbiter` (1 thread) | the data pool (SQLite): one transaction per RL step, evaluations, curated exclusions, truncation on resume |
 //! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
 //! | [`optimizer::OptimizerActor`] | `SyncArbiter` | takes each step off the queue: staleness, ℓ_old / ℓ_ref, signals and resampling, objective, update, `observe` |
 //!
@@ -21,12 +22,12 @@ pub mod bank;
 pub mod host;
 pub mod optimizer;
 pub mod policy;
+pub mod pool;
 pub mod reward;
 pub mod rollout;
 pub mod skills;
 pub mod threads;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -46,6 +47,8 @@ pub struct Pipeline {
     pub producer: Addr<rollout::RolloutActor>,
     pub reward: Addr<reward::RewardActor>,
     pub bank: Addr<bank::ExperienceBankActor>,
+    /// The data pool: the optimizer writes every step, the trainer the evaluations.
+    pub pool: Addr<pool::DataPoolActor>,
     pub skills: Addr<skills::SkillCreatorActor>,
     pub optimizer: Addr<optimizer::OptimizerActor>,
     /// With the gateway source: training episodes come from the gateway instead of the
@@ -82,7 +85,9 @@ pub struct PipelineParts {
     pub optimizer: optimizer::OptimizerSettings,
     pub reward: reward::RewardConfig,
     pub objective: ObjectiveConfig,
-    pub record_dir: Option<PathBuf>,
+    /// The run's data pool (`Pool::open(&pool::pool_path(run))`, or `Pool::in_memory()`
+    /// where nothing persists); the pool actor owns it.
+    pub pool: crate::pool::Pool,
     /// The run's experience bank (`Bank::open(&bank::bank_path(run))`, or `Bank::in_memory()`
     /// where nothing persists); the bank actor owns it.
     pub bank: crate::bank::Bank,
@@ -109,10 +114,17 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         )
     });
     let bank = {
-        let (bank, record_dir) = (Mutex::new(Some(parts.bank)), parts.record_dir);
+        let bank = Mutex::new(Some(parts.bank));
         threads.start(move || {
             let bank = bank.lock().take().expect("the bank actor is built once");
-            bank::ExperienceBankActor::new(bank, record_dir.clone())
+            bank::ExperienceBankActor::new(bank)
+        })
+    };
+    let pool = {
+        let store = Mutex::new(Some(parts.pool));
+        threads.start(move || {
+            let store = store.lock().take().expect("the pool actor is built once");
+            pool::DataPoolActor::new(store)
         })
     };
     let reflector = crate::skills::reflector(
@@ -154,7 +166,6 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         let settings = parts.rollout.clone();
         let links = links.clone();
         let reward = reward.clone().recipient();
-        let record = bank.clone().recipient();
         threads.start(move || rollout::RolloutActor {
             env: env.clone(),
             builder: builder.clone(),
@@ -163,7 +174,6 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             links: links.clone(),
             turn_context,
             reward: reward.clone(),
-            record: record.clone(),
             settings: settings.clone(),
             train_tasks: info.train_tasks,
             test_tasks: info.test_tasks,
@@ -182,7 +192,8 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         let sft = policy.clone().recipient();
         let source = rollout.clone().recipient();
         let reward = reward.clone().recipient();
-        let record = bank.clone().recipient();
+        let record = pool.clone().recipient();
+        let exclusions = pool.clone().recipient();
         let take_finished = skills.clone().recipient();
         let objective = parts.objective.clone();
         let settings = parts.optimizer.clone();
@@ -196,6 +207,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             source: source.clone(),
             reward: reward.clone(),
             record: record.clone(),
+            exclusions: exclusions.clone(),
             take_finished: take_finished.clone(),
             objective: objective.clone(),
             settings: settings.clone(),
@@ -210,6 +222,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         producer,
         reward,
         bank,
+        pool,
         skills,
         optimizer,
         gateway: None,

@@ -13,6 +13,7 @@
 //! nucleus, rollout temperature) keeps its sampled log-probs as `ℓ_old`; the reference pass
 //! runs only when the objective uses the KL or a plugin reads `ref_logprobs`.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,13 +24,14 @@ use cairn_plugin_sdk::{Algorithm, Batch, Signals, StepReport as AlgorithmReport,
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 
-use crate::actors::bank::RecordBatch;
 use crate::actors::host::{HostLinks, KernelHost};
 use crate::actors::policy::{call, PolicyVersion, Score, TrainStep};
+use crate::actors::pool::{ReadExclusions, RecordStep};
 use crate::actors::reward::FinaliseRewards;
 use crate::actors::rollout::{collect_chain, CollectGroups, Collected};
 use crate::actors::skills::TakeFinished;
 use crate::backend::{Sequence, StepReport, Weights};
+use crate::deadline::{plugin_call, Site};
 use crate::error::{Error, Result};
 use crate::gateway::{PauseSampling, ResumeSampling};
 use crate::loss::SftLoss;
@@ -37,6 +39,10 @@ use crate::objective::{
     all_rows, apply_kl_to_rewards, train_sequences, trained_rows, KlMode, LossReport,
     ObjectiveConfig, RlLoss,
 };
+use crate::pool::{EpisodeWrite, Exclusions, Source, StepWrite, TurnWrite};
+
+/// A signals call's answer: the batch back, the plugin's answer, and the metrics it logged.
+type SignalsAnswer = (Batch, cairn_plugin_sdk::Result<Signals>, Vec<(String, f64)>);
 
 /// What the optimizer needs from the pipeline config.
 #[derive(Clone, Debug)]
@@ -59,6 +65,9 @@ pub struct OptimizerSettings {
     pub reuse_rollout_logprobs: bool,
     /// Run the reference pass even with the KL off (a plugin reads `ref_logprobs`).
     pub plugin_reads_reference: bool,
+    /// Deadline of the algorithm's `signals` and `observe` (`run.plugin_timeout_s`; `None`:
+    /// no deadline): a miss stops the run with [`Error::PluginHang`].
+    pub plugin_timeout: Option<std::time::Duration>,
 }
 
 /// Where a step's first batch comes from.
@@ -79,7 +88,10 @@ pub struct OptimizerActor {
     /// Where resample rounds (and, with [`Feed::Pull`], every batch) are collected.
     pub source: Recipient<CollectGroups>,
     pub reward: Recipient<FinaliseRewards>,
-    pub record: Recipient<RecordBatch>,
+    /// The data pool: every step is written there once it is trained.
+    pub record: Recipient<RecordStep>,
+    /// The curated exclusions, read at the start of every step.
+    pub exclusions: Recipient<ReadExclusions>,
     pub take_finished: Recipient<TakeFinished>,
     pub objective: ObjectiveConfig,
     pub settings: OptimizerSettings,
@@ -158,6 +170,8 @@ pub struct TrainNext {
     pub step: u64,
     /// Group ids for resample rounds (shared with the producer).
     pub next_group_id: Arc<AtomicU64>,
+    /// The metrics.jsonl `step` this RL step will be written as (the data pool records it).
+    pub global_step: u64,
 }
 
 /// What a step did: its metrics (one `metrics.jsonl` line) and the policy version after it.
@@ -188,7 +202,6 @@ impl OptimizerActor {
             Some(Feed::Pull) => collect_chain(
                 &self.source,
                 &self.reward,
-                &self.record,
                 CollectGroups {
                     step,
                     round: 0,
@@ -210,16 +223,38 @@ impl OptimizerActor {
         }
         let version_now = call(&self.version, PolicyVersion)?;
         let mut values = Map::new();
-        let stale = self.drop_stale(&mut collected.batch, version_now);
+        let mut stale = self.drop_stale(&mut collected.batch, version_now);
+        // Curation: rows the user excluded in the pool are skipped from this step on.
+        let exclusions = call(&self.exclusions, ReadExclusions)??;
+        let mut curated = Curated::default();
+        curated.apply(&mut collected.batch, &exclusions, 0);
         let mut metrics = self.fill_logprobs(&mut collected.batch.rows, version_now)?;
 
-        let dynamic = self.algorithm.lock().requirements().dynamic_sampling;
+        // Under the deadline too: with rollouts running ahead, a planning call that hung on the
+        // producer's side holds the algorithm.
+        let algorithm = self.algorithm.clone();
+        let plugin = format!("algorithm `{}`", self.links.writer);
+        let site = Site {
+            actor: "optimizer",
+            plugin: &plugin,
+            call: "requirements",
+            key: "run.plugin_timeout_s",
+        };
+        let dynamic = plugin_call(
+            self.settings.plugin_timeout,
+            &site,
+            || format!("RL step {step}; the plugin may be stuck in an earlier call"),
+            move || algorithm.lock().requirements().dynamic_sampling,
+        )?;
         let mut round = 0u32;
         let (signals, host_metrics) = loop {
-            let host = KernelHost::new(&self.links, step, version_now, &collected.batch.rows);
-            let signals = self.algorithm.lock().signals(&collected.batch, &host)?;
-            let host_metrics = host.into_metrics();
-            signals.validate_against(&collected.batch)?;
+            let (batch, signals, host_metrics) =
+                self.signals(std::mem::take(&mut collected.batch), step, version_now)?;
+            collected.batch = batch;
+            let signals = signals.map_err(|error| Error::Signals { step, error })?;
+            signals
+                .validate_against(&collected.batch)
+                .map_err(|error| Error::Signals { step, error })?;
             let groups: std::collections::HashSet<u64> =
                 collected.batch.rows.iter().map(|r| r.group_id).collect();
             let kept = groups.len().saturating_sub(signals.dropped_groups.len());
@@ -233,7 +268,6 @@ impl OptimizerActor {
             let mut more = collect_chain(
                 &self.source,
                 &self.reward,
-                &self.record,
                 CollectGroups {
                     step,
                     round,
@@ -241,7 +275,14 @@ impl OptimizerActor {
                     first_group_id: msg.next_group_id.fetch_add(want as u64, Ordering::SeqCst),
                 },
             )?;
-            self.drop_stale(&mut more.batch, version_now);
+            let more_stale = self.drop_stale(&mut more.batch, version_now);
+            stale
+                .removed
+                .extend(more_stale.removed.into_iter().map(|(r, _)| (r, round)));
+            for r in more.batch.rows.iter().chain(&more.failure_dropped) {
+                curated.rounds.insert(r.trajectory_id, round);
+            }
+            curated.apply(&mut more.batch, &exclusions, round);
             let more_metrics = self.fill_logprobs(&mut more.batch.rows, version_now)?;
             metrics = merge_mismatch(metrics, more_metrics);
             collected.extend(more);
@@ -259,7 +300,11 @@ impl OptimizerActor {
         {
             values.insert(k, json!(v));
         }
-        values.insert("episodes_aborted".into(), json!(collected.aborted));
+        values.insert("episodes/failed".into(), json!(collected.failed.len()));
+        for kind in crate::rollout::FailureKind::ALL {
+            let n = collected.failed.iter().filter(|f| f.kind == kind).count();
+            values.insert(format!("episodes/failed_{kind}"), json!(n));
+        }
         values.insert("resample_rounds".into(), json!(round));
         values.insert(
             "tokens_per_s".into(),
@@ -279,6 +324,12 @@ impl OptimizerActor {
             values.insert(k, json!(v));
         }
         stale.insert_into(&mut values);
+        values.insert("pool/excluded_rows".into(), json!(curated.rows()));
+        // Excluded turns stay in the batch for the signals, their mask zeroed: not trained.
+        let pool_rows = collected.batch.rows.clone();
+        let seeds = std::mem::take(&mut collected.seeds);
+        let failed = std::mem::take(&mut collected.failed);
+        let failure_dropped = std::mem::take(&mut collected.failure_dropped);
 
         let t = Instant::now();
         let (steps, losses) = self.optimise(&collected.batch, &signals)?;
@@ -314,16 +365,84 @@ impl OptimizerActor {
             new_entries: finished.new_entries,
             failed_reflections: finished.failed,
         };
-        let host = KernelHost::new(&self.links, step, policy_version, &report.batch.rows);
-        self.algorithm.lock().observe(&report, &host)?;
-        for (k, v) in host.into_metrics() {
+        let (links, algorithm) = (self.links.clone(), self.algorithm.clone());
+        let plugin = format!("algorithm `{}`", self.links.writer);
+        let site = Site {
+            actor: "optimizer",
+            plugin: &plugin,
+            call: "observe",
+            key: "run.plugin_timeout_s",
+        };
+        let (observed, observe_metrics) = plugin_call(
+            self.settings.plugin_timeout,
+            &site,
+            || format!("RL step {step}"),
+            move || {
+                let host = KernelHost::new(&links, step, policy_version, &report.batch.rows);
+                let observed = algorithm.lock().observe(&report, &host);
+                (observed, host.into_metrics())
+            },
+        )?;
+        observed?;
+        for (k, v) in observe_metrics {
             values.insert(k, json!(v));
         }
         values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
+        let source = if self.gateway.is_some() {
+            crate::pool::Source::Gateway
+        } else {
+            crate::pool::Source::Rollout
+        };
+        let write = step_write(StepParts {
+            step,
+            global_step: msg.global_step,
+            policy_version,
+            source,
+            rows: pool_rows,
+            advantages: signals.advantages,
+            dropped_groups: &signals.dropped_groups,
+            extra_rows: signals.extra_rows.len(),
+            resample_rounds: round,
+            stale,
+            curated,
+            seeds,
+            failed,
+            failure_dropped,
+            metrics: &values,
+        });
+        // The step's metrics as stored in the pool end here; metrics.jsonl also gets the
+        // write's own time (`pool/write_time_s`, outside `step_time_s`).
+        let t = Instant::now();
+        call(&self.record, RecordStep(write))??;
+        values.insert("pool/write_time_s".into(), json!(t.elapsed().as_secs_f64()));
         Ok(StepOutcome {
             values,
             policy_version,
         })
+    }
+
+    /// The algorithm's signals on `batch` under the plugin deadline (see [`SignalsAnswer`]).
+    fn signals(&self, batch: Batch, step: u64, version: u64) -> Result<SignalsAnswer> {
+        let (links, algorithm) = (self.links.clone(), self.algorithm.clone());
+        let plugin = format!("algorithm `{}`", self.links.writer);
+        let site = Site {
+            actor: "optimizer",
+            plugin: &plugin,
+            call: "signals",
+            key: "run.plugin_timeout_s",
+        };
+        let rows = batch.rows.len();
+        plugin_call(
+            self.settings.plugin_timeout,
+            &site,
+            || format!("RL step {step}, {rows} rows"),
+            move || {
+                let host = KernelHost::new(&links, step, version, &batch.rows);
+                let signals = algorithm.lock().signals(&batch, &host);
+                let metrics = host.into_metrics();
+                (batch, signals, metrics)
+            },
+        )
     }
 
     /// Drops every trajectory with a row more than `max_staleness` versions behind `now`.
@@ -348,16 +467,14 @@ impl OptimizerActor {
             sum as f64 / batch.rows.len() as f64
         };
         if !stale_trajectories.is_empty() {
-            let before = batch.rows.len();
-            let mut groups = std::collections::BTreeSet::new();
-            batch.rows.retain(|r| {
-                let stale = stale_trajectories.contains(&r.trajectory_id);
-                if stale {
-                    groups.insert(r.group_id);
-                }
-                !stale
-            });
-            out.rows_dropped = before - batch.rows.len();
+            let (removed, kept): (Vec<TurnRow>, Vec<TurnRow>) = std::mem::take(&mut batch.rows)
+                .into_iter()
+                .partition(|r| stale_trajectories.contains(&r.trajectory_id));
+            batch.rows = kept;
+            let groups: std::collections::BTreeSet<u64> =
+                removed.iter().map(|r| r.group_id).collect();
+            out.rows_dropped = removed.len();
+            out.removed = removed.into_iter().map(|r| (r, 0)).collect();
             out.trajectories_dropped = stale_trajectories.len();
             let live: std::collections::HashSet<u64> =
                 batch.rows.iter().map(|r| r.group_id).collect();
@@ -514,6 +631,194 @@ struct Staleness {
     trajectories_dropped: usize,
     /// Groups none of whose rows is left.
     groups: Vec<u64>,
+    /// The dropped rows, with their resample round (the data pool records them untrained).
+    removed: Vec<(TurnRow, u32)>,
+}
+
+/// What the step's pool rows need beyond the batch: the rows curation skipped (whole
+/// trajectories, out of the batch), the original masks of excluded turns (kept in the batch
+/// with their mask zeroed), and the resample round of each trajectory.
+#[derive(Debug, Default)]
+struct Curated {
+    /// Excluded trajectories' rows, with their round and reason.
+    removed: Vec<(TurnRow, u32, String)>,
+    /// `(trajectory, turn)` → (original mask, reason) of excluded turns.
+    turns: HashMap<(u64, u32), (Vec<u8>, String)>,
+    /// Trajectory → resample round (absent: round 0).
+    rounds: HashMap<u64, u32>,
+}
+
+impl Curated {
+    /// Skips what `exclusions` name in `batch` (collected in resample round `round`): the
+    /// rows of an excluded trajectory (episode, task, harness) leave the batch; an excluded
+    /// turn stays, for its group's statistics, with its mask zeroed so none of its tokens
+    /// trains.
+    fn apply(&mut self, batch: &mut Batch, exclusions: &Exclusions, round: u32) {
+        if exclusions.is_empty() {
+            return;
+        }
+        let mut kept = Vec::with_capacity(batch.rows.len());
+        for mut row in std::mem::take(&mut batch.rows) {
+            if let Some(reason) = exclusions.trajectory_reason(&row) {
+                self.removed.push((row, round, reason));
+                continue;
+            }
+            if let Some(reason) = exclusions.turn_reason(&row) {
+                let mask =
+                    std::mem::replace(&mut row.response_mask, vec![0; row.response_ids.len()]);
+                self.turns
+                    .insert((row.trajectory_id, row.turn), (mask, reason));
+            }
+            kept.push(row);
+        }
+        batch.rows = kept;
+    }
+
+    /// Rows skipped by curation (whole trajectories and single turns): `pool/excluded_rows`.
+    fn rows(&self) -> usize {
+        self.removed.len() + self.turns.len()
+    }
+}
+
+/// Everything one step writes to the data pool.
+struct StepParts<'a> {
+    step: u64,
+    global_step: u64,
+    policy_version: u64,
+    source: Source,
+    /// The trained batch's rows (excluded turns with their mask zeroed).
+    rows: Vec<TurnRow>,
+    /// Per row of `rows` (then the extra rows): the signals' advantages.
+    advantages: Vec<Vec<f32>>,
+    dropped_groups: &'a [u64],
+    extra_rows: usize,
+    resample_rounds: u32,
+    stale: Staleness,
+    curated: Curated,
+    seeds: Vec<(u64, u64)>,
+    failed: Vec<crate::rollout::FailedEpisode>,
+    /// Rows of groups the failure rule dropped ([`Collected::failure_dropped`]).
+    failure_dropped: Vec<TurnRow>,
+    metrics: &'a Map<String, Value>,
+}
+
+/// The step's [`StepWrite`]: trained rows, dropped, stale and excluded rows (untrained, with
+/// the reason), failed episodes, and the decisions JSON.
+fn step_write(p: StepParts<'_>) -> StepWrite {
+    let StepParts {
+        step,
+        global_step,
+        policy_version,
+        source,
+        rows,
+        mut advantages,
+        dropped_groups,
+        extra_rows,
+        resample_rounds,
+        stale,
+        mut curated,
+        seeds,
+        failed,
+        failure_dropped,
+        metrics,
+    } = p;
+    advantages.resize(rows.len().max(advantages.len()), Vec::new());
+    let dropped: std::collections::HashSet<u64> = dropped_groups.iter().copied().collect();
+    let mut excluded_turns = Vec::new();
+    let mut turns: Vec<TurnWrite> = Vec::with_capacity(rows.len());
+    for (mut row, adv) in rows.into_iter().zip(advantages) {
+        let mut skip = dropped
+            .contains(&row.group_id)
+            .then(|| "dropped group (the algorithm's signals)".to_string());
+        if let Some((mask, reason)) = curated.turns.remove(&(row.trajectory_id, row.turn)) {
+            row.response_mask = mask;
+            excluded_turns.push(json!([row.trajectory_id, row.turn]));
+            skip = Some(reason);
+        }
+        turns.push(TurnWrite {
+            row,
+            advantages: (!adv.is_empty()).then_some(adv),
+            trained: skip.is_none(),
+            skip_reason: skip,
+        });
+    }
+    let stale_trajectories: std::collections::BTreeSet<u64> =
+        stale.removed.iter().map(|(r, _)| r.trajectory_id).collect();
+    let excluded_trajectories: std::collections::BTreeSet<u64> = curated
+        .removed
+        .iter()
+        .map(|(r, _, _)| r.trajectory_id)
+        .collect();
+    for (r, round) in stale.removed {
+        curated.rounds.insert(r.trajectory_id, round);
+        turns.push(TurnWrite {
+            row: r,
+            advantages: None,
+            trained: false,
+            skip_reason: Some("stale (older than rollout.max_staleness)".into()),
+        });
+    }
+    for (r, round, reason) in curated.removed {
+        curated.rounds.insert(r.trajectory_id, round);
+        turns.push(TurnWrite {
+            row: r,
+            advantages: None,
+            trained: false,
+            skip_reason: Some(reason),
+        });
+    }
+    for r in failure_dropped {
+        turns.push(TurnWrite {
+            row: r,
+            advantages: None,
+            trained: false,
+            skip_reason: Some(
+                "group dropped: an episode of it failed (rollout.on_episode_failure = \"drop_group\")"
+                    .into(),
+            ),
+        });
+    }
+    let seeds: HashMap<u64, u64> = seeds.into_iter().collect();
+    let mut episodes = EpisodeWrite::group(&source, step, global_step, turns);
+    for e in &mut episodes {
+        e.round = curated.rounds.get(&e.trajectory_id).copied().unwrap_or(0);
+        e.seed = seeds.get(&e.trajectory_id).copied();
+    }
+    let failed_ids: Vec<u64> = failed.iter().map(|f| f.trajectory_id).collect();
+    for f in &failed {
+        // A failed episode that played turns (kept as a zero-reward member, or dropped with
+        // its group) is one episode with those turns and the failure; one that failed before
+        // its first turn has none.
+        if let Some(e) = episodes
+            .iter_mut()
+            .find(|e| e.trajectory_id == f.trajectory_id)
+        {
+            e.failure = EpisodeWrite::failed(&source, step, global_step, f).failure;
+            continue;
+        }
+        let mut e = EpisodeWrite::failed(&source, step, global_step, f);
+        e.seed = seeds.get(&f.trajectory_id).copied();
+        e.round = curated.rounds.get(&f.trajectory_id).copied().unwrap_or(0);
+        episodes.push(e);
+    }
+    let decisions = json!({
+        "dropped_groups": dropped_groups,
+        "stale_groups": stale.groups,
+        "stale_trajectories": stale_trajectories,
+        "excluded_trajectories": excluded_trajectories,
+        "excluded_turns": excluded_turns,
+        "resample_rounds": resample_rounds,
+        "extra_rows": extra_rows,
+        "failed_episodes": failed_ids,
+    });
+    StepWrite {
+        step,
+        phase: "rl".into(),
+        policy_version,
+        metrics: metrics.clone(),
+        decisions,
+        episodes,
+    }
 }
 
 impl Staleness {

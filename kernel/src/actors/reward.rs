@@ -2,7 +2,8 @@
 //!
 //! - `episode_reward` = Σ turn rewards (after shaping), written on every row of the trajectory;
 //! - an invalid action (feedback −1) costs `invalid_action_penalty` (GiGPO's ALFWorld setting
-//!   is 0.1; off by default);
+//!   is 0.1; off by default), except in a failed episode's rows (`extra.failed`), whose
+//!   reward stays 0 (docs/faults.md);
 //! - a trajectory with no policy token at all has nowhere to carry an outcome reward
 //!   (verl #6310): its reward is set to 0 and counted in `reward/unplaceable`.
 
@@ -54,7 +55,8 @@ impl Handler<FinaliseRewards> for RewardActor {
 /// The reward rules, as a plain function (see the module docs).
 pub fn finalise(config: &RewardConfig, step: u64, mut rows: Vec<TurnRow>) -> Finalised {
     for row in &mut rows {
-        if row.feedback < 0 {
+        // A failed episode's rows (`rollout.on_episode_failure = "zero_reward"`) keep reward 0.
+        if row.feedback < 0 && !row.extra.contains_key("failed") {
             row.turn_reward -= config.invalid_action_penalty;
         }
     }

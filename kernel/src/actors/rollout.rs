@@ -4,30 +4,36 @@
 //!
 //! In an RL run one rollout actor is the **producer** ([`RunRollouts`]): step after step it
 //! waits at the [`StalenessGate`] until the optimizer is at most `lag` steps behind, plays the
-//! step's groups, has the reward actor finalise them and the experience bank record them, and
+//! step's groups, has the reward actor finalise them, and
 //! puts the batch on the bounded queue the optimizer actor reads. A second rollout actor
 //! serves evaluations, demonstrations and the optimizer's resample rounds meanwhile.
 //!
 //! It runs on a `SyncArbiter` thread: each turn it blocks on the policy actor's answer, and
-//! environment plugin calls are synchronous anyway.
+//! environment plugin calls are synchronous anyway. Those calls, and the algorithm's
+//! `plan_group` and `next_context`, run under deadlines ([`crate::deadline`]): an episode whose
+//! environment errs, panics or hangs fails alone and its group follows
+//! [`RolloutSettings::on_failure`]; a hung algorithm call stops the run (docs/faults.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{Algorithm, Batch, Environment, GroupRequest, Split, TaskRef};
+use cairn_plugin_sdk::{Algorithm, Batch, Environment, GroupRequest, Split, TaskRef, TurnRow};
 use parking_lot::{Condvar, Mutex};
 use rand::{seq::index::sample, SeedableRng};
 
-use crate::actors::bank::RecordBatch;
 use crate::actors::host::{HostLinks, KernelHost};
 use crate::actors::policy::{call, Generate, PolicyVersion};
 use crate::actors::reward::FinaliseRewards;
 use crate::backend::SamplingParams;
+use crate::deadline::{plugin_call, Site};
 use crate::error::{Error, Result};
 use crate::rollout::prompt::PromptBuilder;
-use crate::rollout::{demonstrations, mix, play, Demonstration, EpisodeSpec, PlayParams, Rollouts};
+use crate::rollout::{
+    apply_failure_rule, demonstrations, mix, play, Demonstration, EpisodeSpec, FailedEpisode,
+    FailureRule, PlayParams, Rollouts,
+};
 
 /// Settings the rollout actor needs from the pipeline config (built by
 /// `RolloutSettings::from_config` in `config.rs`, so this module does not import the config).
@@ -43,6 +49,16 @@ pub struct RolloutSettings {
     /// The model's context window in tokens (the host reads it from the model); prompts that
     /// do not fit with `max_new_tokens` are refused. `None`: not checked.
     pub context_window: Option<usize>,
+    /// Deadline of each environment call of an episode (`rollout.env_timeout_s`; `None`: 0,
+    /// no deadline): a miss fails the episode.
+    pub env_timeout: Option<std::time::Duration>,
+    /// Deadline of each algorithm call and of the environment's `task` (`run.plugin_timeout_s`;
+    /// `None`: 0, no deadline): a miss stops the run with [`Error::PluginHang`].
+    pub plugin_timeout: Option<std::time::Duration>,
+    /// The environment plugin's name (`environment.plugin`), for failure reasons.
+    pub env_name: String,
+    /// What becomes of a group with a failed episode (`rollout.on_episode_failure`).
+    pub on_failure: FailureRule,
 }
 
 pub struct RolloutActor {
@@ -54,9 +70,8 @@ pub struct RolloutActor {
     pub links: HostLinks,
     /// Whether the algorithm asked for the per-turn context hook.
     pub turn_context: bool,
-    /// Where a step's rollouts go next: the reward actor, then the bank.
+    /// Where a step's rollouts go next: the reward actor.
     pub reward: Recipient<FinaliseRewards>,
-    pub record: Recipient<RecordBatch>,
     pub settings: RolloutSettings,
     /// Task counts and turn limit reported by the environment.
     pub train_tasks: u64,
@@ -95,6 +110,8 @@ impl RolloutActor {
             max_turns: self.max_turns(),
             step: step.unwrap_or(0),
             context_window: self.settings.context_window,
+            env_timeout: self.settings.env_timeout,
+            env_name: self.settings.env_name.clone(),
         };
         let policy = self.policy.clone();
         let mut generate = |prompts: &[Vec<u32>], p: &SamplingParams| {
@@ -111,19 +128,41 @@ impl RolloutActor {
         let links = &self.links;
         let algorithm = &self.algorithm;
         let hook_metrics = std::cell::RefCell::new(Vec::new());
+        let plugin = self.algorithm_label();
+        let site = Site {
+            actor: "rollout",
+            plugin: &plugin,
+            call: "next_context",
+            key: "run.plugin_timeout_s",
+        };
+        let timeout = self.settings.plugin_timeout;
         let mut hook = |request: &cairn_plugin_sdk::TurnContextRequest| {
             let version = call(&links.version, PolicyVersion)?;
-            let host = KernelHost::new(links, request.step, version, &[]);
-            let answer = algorithm.lock().next_context(request, &host)?;
-            hook_metrics.borrow_mut().extend(host.into_metrics());
-            Ok(answer)
+            let (links, algorithm, owned) = (links.clone(), algorithm.clone(), request.clone());
+            let (answer, metrics) = plugin_call(
+                timeout,
+                &site,
+                || {
+                    format!(
+                        "step {}, task {}, trajectory {}, turn {}",
+                        request.step, request.task_id, request.trajectory_id, request.turn
+                    )
+                },
+                move || {
+                    let host = KernelHost::new(&links, owned.step, version, &[]);
+                    let answer = algorithm.lock().next_context(&owned, &host);
+                    (answer, host.into_metrics())
+                },
+            )?;
+            hook_metrics.borrow_mut().extend(metrics);
+            Ok(answer?)
         };
         let hook: Option<&mut crate::rollout::TurnHook<'_>> = match step {
             Some(_) if self.turn_context => Some(&mut hook),
             _ => None,
         };
         let mut out = play(
-            self.env.as_ref(),
+            &self.env,
             self.builder.as_ref(),
             specs,
             &params,
@@ -132,6 +171,30 @@ impl RolloutActor {
         )?;
         out.metrics.extend(hook_metrics.into_inner());
         Ok(out)
+    }
+
+    /// "algorithm `name`", for errors.
+    fn algorithm_label(&self) -> String {
+        format!("algorithm `{}`", self.links.writer)
+    }
+
+    /// The environment's `task`, under the plugin deadline.
+    fn task_info(&self, task: TaskRef) -> Result<cairn_plugin_sdk::TaskInfo> {
+        let plugin = format!("environment `{}`", self.settings.env_name);
+        let site = Site {
+            actor: "rollout",
+            plugin: &plugin,
+            call: "task",
+            key: "run.plugin_timeout_s",
+        };
+        let env = self.env.clone();
+        let info = plugin_call(
+            self.settings.plugin_timeout,
+            &site,
+            || format!("task {} {}", task.split.as_str(), task.index),
+            move || env.task(task),
+        )?;
+        Ok(info?)
     }
 
     /// Plays `groups` task groups of a step (see [`CollectGroups`]).
@@ -159,7 +222,7 @@ impl RolloutActor {
                 split: Split::Train,
                 index: index as u64,
             };
-            let info = self.env.task(task)?;
+            let info = self.task_info(task)?;
             let group_id = msg.first_group_id + g as u64;
             let request = GroupRequest {
                 step: msg.step,
@@ -170,9 +233,27 @@ impl RolloutActor {
                 group_size: s.group_size as u32,
                 seed: mix(step_seed, 0x9A7 + g as u64),
             };
-            let host = KernelHost::new(&self.links, msg.step, version, &[]);
-            let variants = self.algorithm.lock().plan_group(&request, &host)?;
-            plan_metrics.extend(host.into_metrics());
+            let plugin = self.algorithm_label();
+            let site = Site {
+                actor: "rollout",
+                plugin: &plugin,
+                call: "plan_group",
+                key: "run.plugin_timeout_s",
+            };
+            let (links, algorithm, owned) =
+                (self.links.clone(), self.algorithm.clone(), request.clone());
+            let (variants, metrics) = plugin_call(
+                s.plugin_timeout,
+                &site,
+                || format!("step {}, group {group_id}, task {}", msg.step, info.id),
+                move || {
+                    let host = KernelHost::new(&links, owned.step, version, &[]);
+                    let variants = algorithm.lock().plan_group(&owned, &host);
+                    (variants, host.into_metrics())
+                },
+            )?;
+            let variants = variants?;
+            plan_metrics.extend(metrics);
             if variants.len() != s.group_size {
                 return Err(Error::Other(format!(
                     "the algorithm planned {} slots for group {group_id} of size {}",
@@ -192,7 +273,11 @@ impl RolloutActor {
             }
         }
         let mut out = self.play_specs(&specs, s.temperature, step_seed, Some(msg.step))?;
+        out.seeds = specs.iter().map(|e| (e.trajectory_id, e.seed)).collect();
+        let dropped = apply_failure_rule(&mut out, s.on_failure);
         out.metrics.splice(0..0, plan_metrics);
+        out.metrics
+            .push(("episodes/failed_groups_dropped".into(), dropped as f64));
         Ok(out)
     }
 }
@@ -222,8 +307,14 @@ pub struct Collected {
     pub step: u64,
     /// Rows with final rewards.
     pub batch: Batch,
-    /// Trajectories cut by an environment error.
-    pub aborted: usize,
+    /// `(trajectory_id, environment seed)` of every episode played (the data pool records
+    /// them).
+    pub seeds: Vec<(u64, u64)>,
+    /// Trajectories cut by an environment fault (error, panic or timeout).
+    pub failed: Vec<FailedEpisode>,
+    /// Rows of groups left out because an episode of theirs failed
+    /// ([`Rollouts::dropped_rows`]); recorded in the data pool, never trained on.
+    pub failure_dropped: Vec<TurnRow>,
     /// Trajectories whose reward could not be placed on any policy token.
     pub unplaceable: usize,
     /// Response tokens sampled.
@@ -241,7 +332,9 @@ impl Collected {
     /// Appends another round's rows to this step's batch.
     pub fn extend(&mut self, more: Collected) {
         self.batch.rows.extend(more.batch.rows);
-        self.aborted += more.aborted;
+        self.failed.extend(more.failed);
+        self.failure_dropped.extend(more.failure_dropped);
+        self.seeds.extend(more.seeds);
         self.unplaceable += more.unplaceable;
         self.sampled_tokens += more.sampled_tokens;
         self.rollout_secs += more.rollout_secs;
@@ -249,25 +342,24 @@ impl Collected {
     }
 }
 
-/// Rollout → reward → bank for one collection: plays (through `source`, the rollout actor or
-/// the gateway), has the reward actor finalise the rows and the bank record them. Blocks the
-/// calling thread, so only for `SyncArbiter` threads.
+/// Rollout → reward for one collection: plays (through `source`, the rollout actor or the
+/// gateway) and has the reward actor finalise the rows (the optimizer writes them to the data
+/// pool once the step is trained). Blocks the calling thread, so only for `SyncArbiter`
+/// threads.
 pub fn collect_chain(
     source: &Recipient<CollectGroups>,
     reward: &Recipient<FinaliseRewards>,
-    record: &Recipient<RecordBatch>,
     msg: CollectGroups,
 ) -> Result<Collected> {
     let step = msg.step;
     let started = Instant::now();
     let rollouts = call(source, msg)??;
     let rollout_secs = started.elapsed().as_secs_f64();
-    finish_chain(reward, record, step, rollouts, rollout_secs)
+    finish_chain(reward, step, rollouts, rollout_secs)
 }
 
 fn finish_chain(
     reward: &Recipient<FinaliseRewards>,
-    record: &Recipient<RecordBatch>,
     step: u64,
     rollouts: Rollouts,
     rollout_secs: f64,
@@ -279,16 +371,12 @@ fn finish_chain(
             rows: rollouts.rows,
         },
     )?;
-    call(
-        record,
-        RecordBatch {
-            batch: finalised.batch.clone(),
-        },
-    )??;
     Ok(Collected {
         step,
         batch: finalised.batch,
-        aborted: rollouts.aborted.len(),
+        seeds: rollouts.seeds,
+        failed: rollouts.failed,
+        failure_dropped: rollouts.dropped_rows,
         unplaceable: finalised.unplaceable,
         sampled_tokens: rollouts.sampled_tokens,
         rollout_secs,
@@ -392,7 +480,6 @@ impl Handler<RunRollouts> for RolloutActor {
                 .and_then(|rollouts| {
                     finish_chain(
                         &self.reward,
-                        &self.record,
                         step,
                         rollouts,
                         started.elapsed().as_secs_f64(),
@@ -433,7 +520,7 @@ pub struct Evaluate {
     pub tasks: usize,
     pub temperature: f32,
     pub seed: u64,
-    /// Return the played rows in [`EvalReport::rows`].
+    /// Return the played rows in [`EvalReport::rows`] (with their seeds and failed episodes).
     pub record: bool,
 }
 
@@ -444,6 +531,9 @@ pub struct EvalReport {
     pub successes: usize,
     pub success_rate: f64,
     pub mean_turns: f64,
+    /// Episodes cut by an environment fault (counted as failures in `successes`).
+    #[serde(default)]
+    pub failed: usize,
     /// (task kind, successes, tasks).
     pub per_kind: Vec<(String, usize, usize)>,
     pub seed: u64,
@@ -452,6 +542,12 @@ pub struct EvalReport {
     /// The played rows, when the request asked for them.
     #[serde(skip)]
     pub rows: Vec<cairn_plugin_sdk::TurnRow>,
+    /// The episodes cut by a fault, when the request asked for the rows.
+    #[serde(skip)]
+    pub failed_episodes: Vec<FailedEpisode>,
+    /// `(trajectory_id, seed)` of every episode played, when the request asked for the rows.
+    #[serde(skip)]
+    pub seeds: Vec<(u64, u64)>,
 }
 
 impl Handler<Evaluate> for RolloutActor {
@@ -471,7 +567,7 @@ impl Handler<Evaluate> for RolloutActor {
                 split: Split::Test,
                 index: i as u64,
             };
-            let info = self.env.task(task)?;
+            let info = self.task_info(task)?;
             kinds.push(info.kind);
             specs.push(EpisodeSpec {
                 group_id: i as u64,
@@ -502,9 +598,9 @@ impl Handler<Evaluate> for RolloutActor {
             }
             turns += u64::from(t.turns);
         }
-        // Aborted episodes count as failures: they were attempted.
-        for (id, _, _) in &rollouts.aborted {
-            let kind = &kinds[*id as usize];
+        // Failed episodes count as failures: they were attempted.
+        for f in &rollouts.failed {
+            let kind = &kinds[f.trajectory_id as usize];
             if let Some(e) = per_kind.iter_mut().find(|(k, _, _)| k == kind) {
                 e.2 += 1;
             } else {
@@ -527,9 +623,20 @@ impl Handler<Evaluate> for RolloutActor {
                 turns as f64 / rollouts.trajectories.len() as f64
             },
             per_kind,
+            failed: rollouts.failed.len(),
             seed: msg.seed,
             temperature: msg.temperature,
             policy_version: version,
+            failed_episodes: if msg.record {
+                rollouts.failed.clone()
+            } else {
+                Vec::new()
+            },
+            seeds: if msg.record {
+                specs.iter().map(|e| (e.trajectory_id, e.seed)).collect()
+            } else {
+                Vec::new()
+            },
             rows: if msg.record {
                 rollouts.rows
             } else {

@@ -50,7 +50,7 @@ pub use sampler::{
 };
 pub use segment::{SampledChoice, Segment};
 pub use source::{EpisodeSource, StopCollecting};
-pub use store::{CallRecord, EpisodeSettings, EpisodeStore};
+pub use store::{CallRecord, EpisodeListing, EpisodeSettings, EpisodeStore};
 
 use crate::text::ChatFormat;
 

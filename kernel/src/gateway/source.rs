@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use super::store::EpisodeStore;
 use crate::actors::rollout::CollectGroups;
 use crate::error::Result;
-use crate::rollout::{Rollouts, TrajectoryOutcome};
+use crate::rollout::{FailedEpisode, FailureKind, Rollouts, TrajectoryOutcome};
 
 /// How often a waiting step looks at the store.
 const POLL: Duration = Duration::from_millis(20);
@@ -97,8 +97,23 @@ impl Handler<CollectGroups> for EpisodeSource {
 }
 
 fn rollouts(collected: super::store::Collected) -> Rollouts {
+    let failed = collected
+        .dropped
+        .into_iter()
+        .map(|(trajectory_id, task_id, reason)| FailedEpisode {
+            trajectory_id,
+            group_id: 0,
+            kind: if reason.starts_with("timed_out") {
+                FailureKind::Timeout
+            } else {
+                FailureKind::Error
+            },
+            task_id,
+            reason,
+        })
+        .collect();
     let mut out = Rollouts {
-        aborted: collected.dropped,
+        failed,
         ..Rollouts::default()
     };
     for e in collected.episodes {

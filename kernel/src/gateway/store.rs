@@ -118,6 +118,24 @@ pub struct Collected {
     pub dropped: Vec<(u64, String, String)>,
 }
 
+/// One episode of the store, as the dashboard lists it (`cairn serve --ui`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EpisodeListing {
+    pub episode_id: String,
+    /// The rows' trajectory id.
+    pub trajectory_id: u64,
+    pub task_id: Option<String>,
+    /// `open`, `rewarded`, `closed` or `timed_out`.
+    pub status: &'static str,
+    pub calls: usize,
+    pub segments: usize,
+    /// Sampled tokens over every call and choice.
+    pub sampled_tokens: usize,
+    pub reward: Option<f32>,
+    /// Seconds since the last call, reward or close.
+    pub idle_s: f64,
+}
+
 /// Counters for `/health` and the load report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
@@ -504,6 +522,36 @@ impl EpisodeStore {
         })
     }
 
+    /// The open episodes and the finished ones still kept (`keep_finished`), newest first.
+    pub fn listing(&mut self, now: Instant) -> Vec<EpisodeListing> {
+        self.sweep(now);
+        let mut listed: Vec<EpisodeListing> = self
+            .episodes
+            .values()
+            .map(|e| EpisodeListing {
+                episode_id: e.id.clone(),
+                trajectory_id: e.seq,
+                task_id: e.task_id.clone(),
+                status: e.status.label(),
+                calls: e.calls.len(),
+                segments: e.segments.len(),
+                sampled_tokens: e
+                    .calls
+                    .iter()
+                    .flat_map(|c| &c.choices)
+                    .map(|ch| ch.ids.len())
+                    .sum(),
+                reward: match e.status {
+                    Status::Rewarded { reward, .. } => Some(reward),
+                    _ => None,
+                },
+                idle_s: now.saturating_duration_since(e.last_activity).as_secs_f64(),
+            })
+            .collect();
+        listed.sort_by_key(|e| std::cmp::Reverse(e.trajectory_id));
+        listed
+    }
+
     /// Every finished episode that is ready, oldest first (a recorder without a trainer).
     pub fn drain_ready(&mut self) -> Vec<FinishedEpisode> {
         self.ready.drain(..).collect()
@@ -667,6 +715,26 @@ mod tests {
             anchor: None,
             observation: String::new(),
         }
+    }
+
+    #[test]
+    fn listing_shows_open_and_finished_episodes_newest_first() {
+        let t = Instant::now();
+        let mut s = EpisodeStore::new(settings(MissingReward::Drop, RowMode::Merged));
+        let a = s.open(t, None, Some("task".into())).unwrap();
+        s.record(&a, t, call(&[1, 2], &[&[3, 4, 5]], 0)).unwrap();
+        s.reward(&a, t, 1.0, Some(true)).unwrap();
+        let b = s.open(t, Some("b".into()), None).unwrap();
+        let listed = s.listing(t + Duration::from_secs(2));
+        let ids: Vec<&str> = listed.iter().map(|e| e.episode_id.as_str()).collect();
+        assert_eq!(ids, [b.as_str(), a.as_str()]);
+        assert_eq!(listed[0].status, "open");
+        assert_eq!((listed[0].calls, listed[0].reward), (0, None));
+        assert_eq!(listed[1].status, "rewarded");
+        assert_eq!(listed[1].task_id.as_deref(), Some("task"));
+        assert_eq!((listed[1].calls, listed[1].sampled_tokens), (1, 3));
+        assert_eq!(listed[1].reward, Some(1.0));
+        assert!((listed[1].idle_s - 2.0).abs() < 1e-9);
     }
 
     #[test]

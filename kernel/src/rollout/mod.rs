@@ -5,19 +5,28 @@
 //! for held-out evaluation and, with [`demonstrations`], for expert warm-start data. Each turn
 //! becomes one [`TurnRow`] with the exact prompt ids, sampled ids and sampled log-probs.
 //!
-//! An environment that fails mid-episode (an error or a caught panic in the plugin) aborts
-//! that episode only: it is reported in [`Rollouts::aborted`] with the task and the error, its
-//! rows are not trained on, and the other episodes go on.
+//! **Environment faults.** An environment call (`start` with the first observation, `step`)
+//! that returns an error, panics (caught at the plugin boundary), or gives no reply within
+//! [`PlayParams::env_timeout`] fails that episode only: it is reported in [`Rollouts::failed`]
+//! with the kind, the call, the task, the turn and the message, the turns it played are put
+//! in [`Rollouts::failed_rows`] (episode reward 0, not a success, `extra.failed` = the kind),
+//! and the other episodes go on. The calls run on a worker thread ([`crate::deadline`]): a
+//! hung episode is abandoned with its worker. What becomes of the failed episode's group is
+//! [`FailureRule`]'s choice ([`apply_failure_rule`]).
 
 pub mod prompt;
 pub mod tokens;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use cairn_plugin_sdk::{
-    ContextVariant, Environment, Episode, Observation, TaskRef, TurnContext, TurnContextRequest,
-    TurnRow, TurnSummary,
+    ContextVariant, Environment, Episode, ErrorKind, Observation, PluginError, StepOutcome,
+    TaskRef, TurnContext, TurnContextRequest, TurnRow, TurnSummary,
 };
 
 use crate::backend::{Generation, SamplingParams};
+use crate::deadline::{self, Missed};
 use crate::error::Result;
 use prompt::PromptBuilder;
 
@@ -45,6 +54,12 @@ pub struct PlayParams {
     /// `sampling.max_new_tokens` in it is an error naming the trajectory, the task, the
     /// variant and the lengths. `None`: not checked.
     pub context_window: Option<usize>,
+    /// Deadline of each environment call (`rollout.env_timeout_s`): an episode whose `start`
+    /// or `step` gives no reply within it fails (kind timeout). `None`: the calls run on the
+    /// calling thread, without a deadline.
+    pub env_timeout: Option<Duration>,
+    /// The environment plugin's name, for failure reasons.
+    pub env_name: String,
 }
 
 /// The outcome of one trajectory.
@@ -59,20 +74,122 @@ pub struct TrajectoryOutcome {
     pub reward: f32,
 }
 
+/// How an episode failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The environment returned an error.
+    Error,
+    /// The environment panicked (caught at the plugin boundary).
+    Panic,
+    /// The environment gave no reply within the deadline.
+    Timeout,
+}
+
+impl FailureKind {
+    /// `error`, `panic` or `timeout` (the metric suffix: `episodes/failed_<kind>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Error => "error",
+            FailureKind::Panic => "panic",
+            FailureKind::Timeout => "timeout",
+        }
+    }
+
+    /// Every kind, in metric order.
+    pub const ALL: [FailureKind; 3] =
+        [FailureKind::Error, FailureKind::Panic, FailureKind::Timeout];
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An episode cut by an environment fault: which one, how, and the reason (the call, the
+/// task, the turn and the plugin's message, or "no reply within N s").
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FailedEpisode {
+    pub trajectory_id: u64,
+    pub group_id: u64,
+    pub task_id: String,
+    pub kind: FailureKind,
+    pub reason: String,
+}
+
+/// What becomes of a group with a failed episode in a training step
+/// (`rollout.on_episode_failure`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureRule {
+    /// The whole group is left out of the step (counted in `episodes/failed_groups_dropped`):
+    /// an environment fault says nothing about the policy.
+    #[default]
+    DropGroup,
+    /// The group trains with the failed episode as a member of episode reward 0 and no
+    /// success: the turns it played (the one whose call failed included) train with that
+    /// reward and count in the group's mean and spread. An episode that failed before its
+    /// first turn has no rows and is simply absent from its group.
+    ZeroReward,
+}
+
 /// What [`play`] returns.
 #[derive(Clone, Debug, Default)]
 pub struct Rollouts {
-    /// One row per turn of every trajectory that was not aborted, in trajectory then turn
-    /// order. `episode_reward`, `success` and `last_turn` are already filled in.
+    /// One row per turn of every trajectory that finished, in trajectory then turn order.
+    /// `episode_reward`, `success` and `last_turn` are already filled in.
     pub rows: Vec<TurnRow>,
     pub trajectories: Vec<TrajectoryOutcome>,
-    /// Trajectories cut by an environment error: (trajectory id, task id, error).
-    pub aborted: Vec<(u64, String, String)>,
+    /// Trajectories cut by an environment fault (an error, a caught panic, or no reply within
+    /// the deadline), in the order they failed.
+    pub failed: Vec<FailedEpisode>,
+    /// The turns the failed trajectories played, the turn whose step failed included (with
+    /// reward 0): every row has `turn_reward` and `episode_reward` 0, `success` false,
+    /// `last_turn` on its trajectory's last row, and `extra.failed` = the kind. Not trained on
+    /// unless [`apply_failure_rule`] with [`FailureRule::ZeroReward`] moves them into `rows`.
+    pub failed_rows: Vec<TurnRow>,
+    /// The rows [`apply_failure_rule`] took out of a training step with
+    /// [`FailureRule::DropGroup`]: every played turn of each group with a failed episode (the
+    /// failed trajectories' own turns included). Never trained on; the data pool records them
+    /// as untrained, with the reason.
+    pub dropped_rows: Vec<TurnRow>,
     /// Response tokens sampled.
     pub sampled_tokens: usize,
+    /// `(trajectory_id, environment seed)` of the episodes played, when the player chose the
+    /// seeds (the rollout actor fills it in after [`play`]; the data pool records it).
+    pub seeds: Vec<(u64, u64)>,
     /// Metrics the algorithm logged (`Host::log_metric`) while planning the groups and in the
     /// per-turn context hook; they go into the step's metrics.
     pub metrics: Vec<(String, f64)>,
+}
+
+/// Applies `rule` to a training step's rollouts: [`FailureRule::DropGroup`] moves every row
+/// of each group with a failed episode (and the failed trajectories' own rows) into
+/// [`Rollouts::dropped_rows`] and removes the groups' outcomes; [`FailureRule::ZeroReward`] appends the
+/// failed trajectories' rows ([`Rollouts::failed_rows`]) to `rows`. Either way
+/// `failed_rows` is empty afterwards and `failed` is kept. Returns the number of groups
+/// dropped.
+pub fn apply_failure_rule(out: &mut Rollouts, rule: FailureRule) -> usize {
+    let failed_rows = std::mem::take(&mut out.failed_rows);
+    match rule {
+        FailureRule::DropGroup => {
+            let groups: std::collections::BTreeSet<u64> =
+                out.failed.iter().map(|f| f.group_id).collect();
+            let (dropped, kept): (Vec<TurnRow>, Vec<TurnRow>) = std::mem::take(&mut out.rows)
+                .into_iter()
+                .partition(|r| groups.contains(&r.group_id));
+            out.rows = kept;
+            out.dropped_rows.extend(dropped);
+            out.dropped_rows.extend(failed_rows);
+            out.trajectories.retain(|t| !groups.contains(&t.group_id));
+            groups.len()
+        }
+        FailureRule::ZeroReward => {
+            out.rows.extend(failed_rows);
+            0
+        }
+    }
 }
 
 /// The batched generation call: one response per prompt, and the policy version that sampled
@@ -94,12 +211,114 @@ struct Live {
     summaries: Vec<TurnSummary>,
 }
 
+/// Why an environment call gave no usable answer.
+struct Fault {
+    kind: FailureKind,
+    message: String,
+}
+
+impl Fault {
+    fn plugin(e: &PluginError) -> Fault {
+        Fault {
+            kind: if e.kind == ErrorKind::Panic {
+                FailureKind::Panic
+            } else {
+                FailureKind::Error
+            },
+            message: e.to_string(),
+        }
+    }
+
+    fn missed(m: Missed, env_name: &str) -> Fault {
+        match m {
+            Missed::TimedOut(d) => Fault {
+                kind: FailureKind::Timeout,
+                message: format!(
+                    "environment `{env_name}` gave no reply within {} s \
+                     (rollout.env_timeout_s); the call was abandoned",
+                    d.as_secs_f64()
+                ),
+            },
+            Missed::Panicked(message) => Fault {
+                kind: FailureKind::Panic,
+                message: format!("environment `{env_name}` {message}"),
+            },
+        }
+    }
+
+    /// A plugin error or panic inside `observation()`, which reports it in the text.
+    fn in_observation(observation: &Observation) -> Option<Fault> {
+        let prefix = cairn_plugin_sdk::foreign::OBSERVATION_ERROR_PREFIX;
+        let message = observation.text.strip_prefix(prefix)?;
+        let message = message.strip_suffix(']').unwrap_or(message);
+        Some(Fault {
+            kind: if message.contains("panicked") {
+                FailureKind::Panic
+            } else {
+                FailureKind::Error
+            },
+            message: message.to_string(),
+        })
+    }
+}
+
+/// Starts an episode and reads its first observation, under the deadline.
+fn start_episode(
+    env: &Arc<dyn Environment>,
+    spec: &EpisodeSpec,
+    params: &PlayParams,
+) -> std::result::Result<(Box<dyn Episode>, Observation), Fault> {
+    let env = env.clone();
+    let (task, seed, variant) = (spec.task, spec.seed, spec.variant.clone());
+    let answer = deadline::call(params.env_timeout, move || {
+        env.start(task, seed, &variant).map(|episode| {
+            let observation = episode.observation();
+            (episode, observation)
+        })
+    });
+    match answer {
+        Ok(Ok((episode, observation))) => match Fault::in_observation(&observation) {
+            Some(fault) => Err(fault),
+            None => Ok((episode, observation)),
+        },
+        Ok(Err(e)) => Err(Fault::plugin(&e)),
+        Err(m) => Err(Fault::missed(m, &params.env_name)),
+    }
+}
+
+/// One step of an episode under the deadline: the episode comes back with the outcome, or is
+/// dropped (on an error, on the worker) or abandoned (on a timeout).
+fn step_episode(
+    episode: Box<dyn Episode>,
+    action: &str,
+    params: &PlayParams,
+) -> std::result::Result<(Box<dyn Episode>, StepOutcome), Fault> {
+    let action = action.to_string();
+    let answer = deadline::call(params.env_timeout, move || {
+        let mut episode = episode;
+        match episode.step(&action) {
+            Ok(outcome) => Ok((episode, outcome)),
+            Err(e) => Err(e),
+        }
+    });
+    match answer {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(Fault::plugin(&e)),
+        Err(m) => Err(Fault::missed(m, &params.env_name)),
+    }
+}
+
 /// Plays every episode of `specs` to the end (done, or `max_turns`). With a `hook`, the
 /// context of each turn after the first is asked of it: it may keep the slot's context, switch
 /// it for this and later turns, or give the whole prompt of this turn (the row then records
 /// that prompt, and its `extra.prompt_override = true`).
+///
+/// # Errors
+/// A prompt that does not fit the context window, a failed generation or hook call, or a
+/// response the prompt builder cannot decode: these stop the whole call. Environment faults
+/// do not (see the module docs).
 pub fn play(
-    env: &dyn Environment,
+    env: &Arc<dyn Environment>,
     builder: &dyn PromptBuilder,
     specs: &[EpisodeSpec],
     params: &PlayParams,
@@ -109,9 +328,8 @@ pub fn play(
     let mut out = Rollouts::default();
     let mut live: Vec<Live> = Vec::with_capacity(specs.len());
     for spec in specs {
-        match env.start(spec.task, spec.seed, &spec.variant) {
-            Ok(episode) => {
-                let observation = episode.observation();
+        match start_episode(env, spec, params) {
+            Ok((episode, observation)) => {
                 live.push(Live {
                     spec: spec.clone(),
                     episode,
@@ -121,11 +339,7 @@ pub fn play(
                     summaries: Vec::new(),
                 });
             }
-            Err(e) => {
-                tracing::warn!(task = %spec.task_id, error = %e, "environment failed to start an episode");
-                out.aborted
-                    .push((spec.trajectory_id, spec.task_id.clone(), e.to_string()));
-            }
+            Err(fault) => fail(&mut out, spec, Vec::new(), "start", 0, fault),
         }
     }
     let mut turn = 0u32;
@@ -185,7 +399,7 @@ pub fn play(
             )));
         }
         let mut still_live = Vec::with_capacity(live.len());
-        for (((mut l, prompt_ids), generation), overridden) in live
+        for (((l, prompt_ids), generation), overridden) in live
             .into_iter()
             .zip(prompts)
             .zip(generations)
@@ -193,19 +407,23 @@ pub fn play(
         {
             out.sampled_tokens += generation.ids.len();
             let action = builder.action(&generation.ids)?;
-            let outcome = match l.episode.step(&action) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!(task = %l.spec.task_id, turn, error = %e, "environment step failed; episode aborted");
-                    out.aborted
-                        .push((l.spec.trajectory_id, l.spec.task_id.clone(), e.to_string()));
-                    continue;
-                }
+            let Live {
+                spec,
+                episode,
+                mut observation,
+                mut rows,
+                mut reward,
+                mut summaries,
+            } = l;
+            let (episode, outcome, fault) = match step_episode(episode, &action, params) {
+                Ok((episode, outcome)) => (Some(episode), outcome, None),
+                // The turn was played by the policy: under `zero_reward` it trains too.
+                Err(fault) => (None, StepOutcome::default(), Some(fault)),
             };
             let mut info: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(&outcome.info_json).unwrap_or_default();
-            l.summaries.push(TurnSummary {
-                observation: l.observation.text.clone(),
+            summaries.push(TurnSummary {
+                observation: observation.text.clone(),
                 action: action.clone(),
                 reward: outcome.reward,
                 feedback: outcome.feedback,
@@ -216,14 +434,14 @@ pub fn play(
             if overridden {
                 extra.insert("prompt_override".into(), serde_json::Value::Bool(true));
             }
-            l.reward += outcome.reward;
-            l.rows.push(TurnRow {
-                group_id: l.spec.group_id,
-                trajectory_id: l.spec.trajectory_id,
+            reward += outcome.reward;
+            rows.push(TurnRow {
+                group_id: spec.group_id,
+                trajectory_id: spec.trajectory_id,
                 turn,
-                task_id: l.spec.task_id.clone(),
+                task_id: spec.task_id.clone(),
                 policy_version: version,
-                variant: l.spec.variant.clone(),
+                variant: spec.variant.clone(),
                 prompt_ids,
                 response_mask: vec![1; generation.ids.len()],
                 response_ids: generation.ids,
@@ -233,15 +451,27 @@ pub fn play(
                 episode_reward: 0.0,
                 success: outcome.success,
                 last_turn: false,
-                anchor: l.observation.anchor.take(),
-                observation: std::mem::take(&mut l.observation.text),
+                anchor: observation.anchor.take(),
+                observation: std::mem::take(&mut observation.text),
                 feedback: outcome.feedback,
                 tool_calls: outcome.tool_calls,
                 info,
                 extra,
                 ..TurnRow::default()
             });
-            l.observation = outcome.observation;
+            let (Some(episode), None) = (episode, fault.as_ref()) else {
+                let fault = fault.expect("a step without an episode has a fault");
+                fail(&mut out, &spec, rows, "step", turn, fault);
+                continue;
+            };
+            let l = Live {
+                spec,
+                episode,
+                observation: outcome.observation,
+                rows,
+                reward,
+                summaries,
+            };
             if outcome.done || turn + 1 >= params.max_turns {
                 finish(&mut out, l, outcome.success);
             } else {
@@ -270,6 +500,42 @@ fn finish(out: &mut Rollouts, mut l: Live, success: bool) {
         reward: l.reward,
     });
     out.rows.append(&mut l.rows);
+}
+
+/// Records a failed episode: the reason names the call, the task and the turn; the played
+/// `rows` go to [`Rollouts::failed_rows`] with reward 0.
+fn fail(
+    out: &mut Rollouts,
+    spec: &EpisodeSpec,
+    mut rows: Vec<TurnRow>,
+    call: &str,
+    turn: u32,
+    fault: Fault,
+) {
+    let reason = format!(
+        "{call} of task {} (trajectory {}, turn {turn}): {}",
+        spec.task_id, spec.trajectory_id, fault.message
+    );
+    tracing::warn!(kind = fault.kind.as_str(), %reason, "episode failed");
+    let n = rows.len();
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.turn_reward = 0.0;
+        row.episode_reward = 0.0;
+        row.success = false;
+        row.last_turn = i + 1 == n;
+        row.extra.insert(
+            "failed".into(),
+            serde_json::Value::String(fault.kind.as_str().into()),
+        );
+    }
+    out.failed_rows.append(&mut rows);
+    out.failed.push(FailedEpisode {
+        trajectory_id: spec.trajectory_id,
+        group_id: spec.group_id,
+        task_id: spec.task_id.clone(),
+        kind: fault.kind,
+        reason,
+    });
 }
 
 /// A supervised example: prompt ids and the response ids to imitate.
@@ -497,5 +763,339 @@ mod demonstration_tests {
             first.starts_with("solved in 2 turns: go 0; take 0"),
             "{first}"
         );
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cairn_plugin_sdk::{
+        ContextVariant, Environment, EnvironmentInfo, Episode, FinishReason, Observation,
+        PluginError, Split, StepOutcome, TaskInfo, TaskRef,
+    };
+
+    use super::*;
+    use crate::backend::{Generation, SamplingParams};
+    use crate::rollout::prompt::{tests::WordCodec, PlainPrompt};
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Fault {
+        Error,
+        Panic,
+        Hang,
+    }
+
+    /// Three-turn episodes (reward 1 per turn, success at the end); task `task` fails at
+    /// `turn` (`None`: at start) the given way. A hang lasts until `release` is set.
+    struct Faulty {
+        faults: Vec<(u64, Option<u32>, Fault)>,
+        release: Arc<AtomicBool>,
+    }
+
+    struct FaultyEpisode {
+        task: u64,
+        turn: u32,
+        fault: Option<(u32, Fault)>,
+        release: Arc<AtomicBool>,
+    }
+
+    fn trip(fault: Fault, release: &AtomicBool) -> cairn_plugin_sdk::Result<()> {
+        match fault {
+            Fault::Error => Err(PluginError::internal("injected error")),
+            Fault::Panic => panic!("injected panic"),
+            Fault::Hang => {
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    impl Environment for Faulty {
+        fn info(&self) -> EnvironmentInfo {
+            EnvironmentInfo {
+                train_tasks: 8,
+                test_tasks: 1,
+                max_turns: 3,
+                ..Default::default()
+            }
+        }
+        fn task(&self, _: TaskRef) -> cairn_plugin_sdk::Result<TaskInfo> {
+            Ok(TaskInfo::default())
+        }
+        fn start(
+            &self,
+            task: TaskRef,
+            _: u64,
+            _: &ContextVariant,
+        ) -> cairn_plugin_sdk::Result<Box<dyn Episode>> {
+            let mine = self.faults.iter().find(|f| f.0 == task.index);
+            if let Some(&(_, None, fault)) = mine {
+                trip(fault, &self.release)?;
+            }
+            Ok(Box::new(FaultyEpisode {
+                task: task.index,
+                turn: 0,
+                fault: mine.and_then(|&(_, turn, fault)| turn.map(|t| (t, fault))),
+                release: self.release.clone(),
+            }))
+        }
+    }
+
+    impl Episode for FaultyEpisode {
+        fn observation(&self) -> Observation {
+            Observation {
+                text: format!("room {} turn {}", self.task, self.turn),
+                ..Default::default()
+            }
+        }
+        fn step(&mut self, _: &str) -> cairn_plugin_sdk::Result<StepOutcome> {
+            if let Some((turn, fault)) = self.fault {
+                if turn == self.turn {
+                    trip(fault, &self.release)?;
+                }
+            }
+            self.turn += 1;
+            Ok(StepOutcome {
+                reward: 1.0,
+                done: self.turn == 3,
+                success: self.turn == 3,
+                info_json: "{}".into(),
+                ..Default::default()
+            })
+        }
+        fn expert_action(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn spec(group: u64, slot: u64, task: u64) -> EpisodeSpec {
+        EpisodeSpec {
+            group_id: group,
+            trajectory_id: group * 2 + slot,
+            task: TaskRef {
+                split: Split::Train,
+                index: task,
+            },
+            task_id: format!("t{task}"),
+            seed: slot,
+            variant: ContextVariant::default(),
+        }
+    }
+
+    fn run(faults: Vec<(u64, Option<u32>, Fault)>, specs: &[EpisodeSpec]) -> Rollouts {
+        let release = Arc::new(AtomicBool::new(false));
+        let env: Arc<dyn Environment> = Arc::new(Faulty {
+            faults,
+            release: release.clone(),
+        });
+        let builder = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let params = PlayParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                max_new_tokens: 2,
+                stop_ids: vec![2],
+                seed: 0,
+            },
+            max_turns: 3,
+            step: 0,
+            context_window: None,
+            env_timeout: Some(Duration::from_millis(100)),
+            env_name: "faulty-test".into(),
+        };
+        let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
+            let one = Generation {
+                ids: vec![10, 2],
+                logprobs: vec![-0.5, -0.1],
+                finish_reason: FinishReason::Stop,
+            };
+            Ok((vec![one; prompts.len()], 0))
+        };
+        let out = play(&env, &builder, specs, &params, &mut generate, None).expect("plays");
+        release.store(true, Ordering::SeqCst);
+        out
+    }
+
+    /// Groups 0–3 of two slots; task 1 errors at its second step, task 2 panics at start,
+    /// task 3 hangs at its first step. Group 0 is clean.
+    fn faulty_run() -> Rollouts {
+        let specs: Vec<EpisodeSpec> = (0..4)
+            .flat_map(|g| [spec(g, 0, g), spec(g, 1, if g == 0 { 0 } else { 7 })])
+            .collect();
+        run(
+            vec![
+                (1, Some(1), Fault::Error),
+                (2, None, Fault::Panic),
+                (3, Some(0), Fault::Hang),
+            ],
+            &specs,
+        )
+    }
+
+    #[test]
+    fn an_environment_error_panic_or_hang_fails_that_episode_only() {
+        let out = faulty_run();
+        let mut failed: Vec<(u64, FailureKind)> = out
+            .failed
+            .iter()
+            .map(|f| (f.trajectory_id, f.kind))
+            .collect();
+        failed.sort_by_key(|f| f.0);
+        assert_eq!(
+            failed,
+            vec![
+                (2, FailureKind::Error),
+                (4, FailureKind::Panic),
+                (6, FailureKind::Timeout)
+            ]
+        );
+        let reason = |id: u64| {
+            out.failed
+                .iter()
+                .find(|f| f.trajectory_id == id)
+                .map(|f| f.reason.clone())
+                .unwrap()
+        };
+        assert!(
+            reason(2).starts_with("step of task t1 (trajectory 2, turn 1): "),
+            "{}",
+            reason(2)
+        );
+        assert!(reason(2).contains("injected error"), "{}", reason(2));
+        assert!(
+            reason(4).starts_with("start of task t2 (trajectory 4, turn 0)"),
+            "{}",
+            reason(4)
+        );
+        assert!(reason(4).contains("injected panic"), "{}", reason(4));
+        assert!(
+            reason(6).contains("environment `faulty-test` gave no reply within 0.1 s"),
+            "{}",
+            reason(6)
+        );
+        // The five clean episodes played all three turns.
+        assert_eq!(out.trajectories.len(), 5);
+        assert!(out.trajectories.iter().all(|t| t.turns == 3 && t.success));
+        assert_eq!(out.rows.len(), 15);
+        // The failed episodes' played turns, in the order they failed: one of trajectory 6
+        // (its first step hung), two of trajectory 2 (the failing one included), none of 4
+        // (it never started).
+        let failed_rows: Vec<(u64, u32, bool)> = out
+            .failed_rows
+            .iter()
+            .map(|r| (r.trajectory_id, r.turn, r.last_turn))
+            .collect();
+        assert_eq!(failed_rows, vec![(6, 0, true), (2, 0, false), (2, 1, true)]);
+        for r in &out.failed_rows {
+            assert_eq!(
+                (r.turn_reward, r.episode_reward, r.success),
+                (0.0, 0.0, false)
+            );
+            assert!(r.extra.contains_key("failed"));
+        }
+        assert_eq!(out.failed_rows[0].extra["failed"], "timeout");
+        assert_eq!(out.failed_rows[2].extra["failed"], "error");
+    }
+
+    #[test]
+    fn drop_group_leaves_out_each_group_with_a_failure() {
+        let mut out = faulty_run();
+        assert_eq!(apply_failure_rule(&mut out, FailureRule::DropGroup), 3);
+        let groups: std::collections::BTreeSet<u64> = out.rows.iter().map(|r| r.group_id).collect();
+        assert_eq!(groups.into_iter().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(out.rows.len(), 6);
+        assert!(out.trajectories.iter().all(|t| t.group_id == 0));
+        assert!(out.failed_rows.is_empty());
+        // Every turn the dropped groups played (the failed trajectories' own included) is kept
+        // aside for the data pool, untrained.
+        assert_eq!(out.dropped_rows.len(), 15 - 6 + 3);
+        assert!(out.dropped_rows.iter().all(|r| r.group_id != 0));
+        assert_eq!(out.failed.len(), 3, "failures stay reported");
+    }
+
+    #[test]
+    fn zero_reward_keeps_the_failed_members_with_reward_zero() {
+        let mut out = faulty_run();
+        assert_eq!(apply_failure_rule(&mut out, FailureRule::ZeroReward), 0);
+        assert_eq!(out.rows.len(), 15 + 3);
+        assert!(out.failed_rows.is_empty());
+        assert!(out.dropped_rows.is_empty());
+        // Group 1: a clean member with reward 3 and the failed one with reward 0, as GRPO sees
+        // them (one episode reward per trajectory).
+        let mut group1: Vec<(u64, f32, bool)> = out
+            .rows
+            .iter()
+            .filter(|r| r.group_id == 1 && r.last_turn)
+            .map(|r| (r.trajectory_id, r.episode_reward, r.success))
+            .collect();
+        group1.sort_by_key(|g| g.0);
+        assert_eq!(group1, vec![(2, 0.0, false), (3, 3.0, true)]);
+        // Group 2's failed member never started: the group has its clean member only.
+        assert_eq!(out.rows.iter().filter(|r| r.group_id == 2).count(), 3);
+    }
+
+    #[test]
+    fn without_a_deadline_errors_and_panics_still_fail_the_episode() {
+        let release = Arc::new(AtomicBool::new(true));
+        let env: Arc<dyn Environment> = Arc::new(Faulty {
+            faults: vec![(1, Some(0), Fault::Panic), (2, Some(2), Fault::Error)],
+            release,
+        });
+        let builder = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let params = PlayParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                max_new_tokens: 2,
+                stop_ids: vec![2],
+                seed: 0,
+            },
+            max_turns: 3,
+            step: 0,
+            context_window: None,
+            env_timeout: None,
+            env_name: "faulty-test".into(),
+        };
+        let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
+            let one = Generation {
+                ids: vec![10, 2],
+                logprobs: vec![-0.5, -0.1],
+                finish_reason: FinishReason::Stop,
+            };
+            Ok((vec![one; prompts.len()], 0))
+        };
+        let specs = [spec(0, 0, 0), spec(0, 1, 1), spec(1, 0, 2)];
+        let out = play(&env, &builder, &specs, &params, &mut generate, None).expect("plays");
+        let kinds: Vec<FailureKind> = out.failed.iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, vec![FailureKind::Panic, FailureKind::Error]);
+        assert_eq!(out.trajectories.len(), 1);
+    }
+
+    #[test]
+    fn an_error_inside_the_observation_fails_the_episode() {
+        let observation = Observation {
+            text: format!(
+                "{}plugin `x`: panicked: boom]",
+                cairn_plugin_sdk::foreign::OBSERVATION_ERROR_PREFIX
+            ),
+            ..Default::default()
+        };
+        let f = super::Fault::in_observation(&observation).expect("a fault");
+        assert_eq!(f.kind, FailureKind::Panic);
+        assert_eq!(f.message, "plugin `x`: panicked: boom");
+        assert!(super::Fault::in_observation(&Observation::default()).is_none());
     }
 }

@@ -114,11 +114,14 @@ mod tests {
             max_turns: 1,
             step: 0,
             context_window: None,
+            env_timeout: None,
+            env_name: "one-turn".into(),
         };
         let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
             Ok((vec![generation.clone(); prompts.len()], 3))
         };
-        let mut out = play(&OneTurn, &builder, &[spec], &params, &mut generate, None).unwrap();
+        let env: std::sync::Arc<dyn cairn_plugin_sdk::Environment> = std::sync::Arc::new(OneTurn);
+        let mut out = play(&env, &builder, &[spec], &params, &mut generate, None).unwrap();
         assert_eq!(out.rows.len(), 1);
         out.rows.remove(0)
     }

@@ -334,7 +334,7 @@ fn run(toml: &str, drop_first_group: bool) -> Run {
         optimizer,
         reward: Default::default(),
         objective: config.objective.clone(),
-        record_dir: None,
+        pool: cairn_kernel::pool::Pool::in_memory().expect("in-memory pool"),
         bank: cairn_kernel::bank::Bank::in_memory().expect("in-memory bank"),
         skills: config.skills.clone(),
         skills_api_key: None,
@@ -405,7 +405,14 @@ fn synchronous_steps_train_on_the_previous_update_with_old_and_ref_from_the_righ
 fn async_rollouts_run_one_version_ahead_and_never_past_the_bound() {
     let tmp = tempfile::tempdir().unwrap();
     let r = run(
-        &config(tmp.path(), "max_staleness = 1", "kl_coef = 0.01", ""),
+        // Environment calls on the calling thread (no deadline worker): on the null backend
+        // the producer must stay faster than the optimizer for a step to run ahead.
+        &config(
+            tmp.path(),
+            "max_staleness = 1\nenv_timeout_s = 0",
+            "kl_coef = 0.01",
+            "",
+        ),
         false,
     );
     let mut lags = Vec::new();

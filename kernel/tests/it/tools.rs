@@ -148,6 +148,8 @@ fn a_tools_off_slot_has_its_tool_call_refused() {
         max_turns: 4,
         step: 0,
         context_window: None,
+        env_timeout: Some(std::time::Duration::from_secs(60)),
+        env_name: "toolcalc".into(),
     };
     let mut turn = 0;
     let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
@@ -164,8 +166,9 @@ fn a_tools_off_slot_has_its_tool_call_refused() {
             .collect();
         Ok((generations, 0))
     };
+    let env: std::sync::Arc<dyn cairn_plugin_sdk::Environment> = std::sync::Arc::new(env);
     let out = play(&env, &builder, &specs, &params, &mut generate, None).expect("plays");
-    assert!(out.aborted.is_empty(), "{:?}", out.aborted);
+    assert!(out.failed.is_empty(), "{:?}", out.failed);
     let summary: Vec<(u64, u32, u32, i8, bool)> = out
         .rows
         .iter()

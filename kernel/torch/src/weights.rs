@@ -359,6 +359,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
             source,
         }
     })?;
+    cairn_kernel::run::injected_write_fault(&tmp).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
@@ -366,7 +367,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
 /// a half-written file under the final name.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(path);
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+    cairn_kernel::run::write_file(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 

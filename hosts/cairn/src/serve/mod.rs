@@ -35,6 +35,8 @@ use parking_lot::Mutex;
 
 use cairn::setup;
 
+use crate::ui::Dashboard;
+
 /// A running gateway.
 pub struct Started {
     pub gateway: Gateway,
@@ -67,6 +69,28 @@ pub fn start(
     policy: Recipient<GenerateStream>,
     training: bool,
     bind: &str,
+) -> Result<Started> {
+    start_serving(
+        config,
+        gateway_config,
+        tokenizer,
+        policy,
+        training,
+        bind,
+        None,
+    )
+}
+
+/// [`start`], and with `dashboard_root` the dashboard of the runs under it beside the gateway,
+/// under `/ui/` (`cairn serve --ui`).
+fn start_serving(
+    config: &PipelineConfig,
+    gateway_config: &GatewayConfig,
+    tokenizer: &Tokenizer,
+    policy: Recipient<GenerateStream>,
+    training: bool,
+    bind: &str,
+    dashboard_root: Option<&Path>,
 ) -> Result<Started> {
     let format = ChatFormat::from_tokenizer(tokenizer.clone())
         .context("the gateway renders prompts with the model's chat template")?;
@@ -107,10 +131,19 @@ pub fn start(
     let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
     let data = actix_web::web::Data::new(gateway.clone());
+    let dashboard = dashboard_root
+        .map(|root| actix_web::web::Data::new(Dashboard::beside(root, gateway.clone())));
+    let dashboard_base = dashboard.as_ref().map(|d| d.base().to_owned());
     let server = actix_web::HttpServer::new(move || {
+        let dashboard = dashboard.clone();
         actix_web::App::new()
             .app_data(data.clone())
-            .configure(routes::configure)
+            .configure(move |cfg| {
+                if let Some(d) = dashboard {
+                    crate::ui::configure(cfg, d);
+                }
+                routes::configure(cfg);
+            })
     })
     .workers(2)
     // Under load the two cores go to the model: give slow clients time to send a request.
@@ -127,6 +160,9 @@ pub fn start(
         }
     });
     eprintln!("gateway: listening on http://{addr}");
+    if let Some(base) = dashboard_base {
+        eprintln!("dashboard: http://{addr}{base}/");
+    }
     Ok(Started {
         gateway,
         link: GatewayLink {
@@ -141,7 +177,8 @@ pub fn start(
 }
 
 /// `cairn serve CONFIG`: the config's model (optionally a checkpoint's weights) behind the
-/// gateway, until SIGINT (Ctrl-C) or SIGTERM. Finished episodes are appended to `record` as
+/// gateway, until SIGINT (Ctrl-C) or SIGTERM. `ui`: the dashboard of the runs under `run.dir`
+/// beside it, under `/ui/`. Finished episodes are appended to `record` as
 /// JSON lines. A signal stops the gateway in its shutdown order ([`Started::shutdown`]: the
 /// requests in flight are answered, streams included, later ones get a 503 or a refused
 /// connection), writes the episodes that finished meanwhile, and exits 0; a second signal
@@ -151,6 +188,7 @@ pub fn serve(
     bind: Option<String>,
     checkpoint: Option<&Path>,
     record: Option<PathBuf>,
+    ui: bool,
 ) -> Result<()> {
     let config = PipelineConfig::load(config_path)?;
     let policy_dir = checkpoint.map(setup::checkpoint_policy).transpose()?;
@@ -181,13 +219,14 @@ pub fn serve(
             ))
         });
         let served = async {
-            let started = start(
+            let started = start_serving(
                 &config,
                 &gateway_config,
                 &tokenizer,
                 policy.recipient(),
                 false,
                 &bind,
+                ui.then_some(config.run.dir.as_path()),
             )?;
             // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
             let recording = Box::pin(record_episodes(&started, record.as_deref()));
@@ -251,7 +290,7 @@ fn append_finished(gateway: &Gateway, record: Option<&Path>) -> Result<()> {
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM, naming it. A signal whose handler cannot be
 /// installed is never awaited (the other still is).
-async fn signalled() -> &'static str {
+pub(crate) async fn signalled() -> &'static str {
     use actix_web::rt::signal::{self, unix};
     let terminate = async {
         match unix::signal(unix::SignalKind::terminate()) {

@@ -53,7 +53,6 @@ fn gateway_config(run: &Path, steps: u64, extra_source: &str) -> String {
 dir = "{run}"
 seed = 5
 steps = {steps}
-record_trajectories = true
 
 [source]
 kind = "gateway"
@@ -246,14 +245,11 @@ fn gateway_episodes_train_on_exactly_the_returned_ids() {
     let episodes: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
     assert_eq!(episodes.len(), 6);
-    let batch_files: Vec<PathBuf> = std::fs::read_dir(run.join("trajectories"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(batch_files.len(), 1, "{batch_files:?}");
-    let batch: Value = serde_json::from_str(&std::fs::read_to_string(&batch_files[0]).unwrap())
-        .expect("a batch JSON");
-    let rows = batch["rows"].as_array().unwrap();
+    // The step's rows, as the data pool recorded them (source `gateway`).
+    let recorded = crate::pool::rows(&run, Some("gateway"));
+    let steps: std::collections::BTreeSet<&String> = recorded.iter().map(|(s, _)| s).collect();
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    let rows: Vec<Value> = recorded.iter().map(|(_, r)| r.clone()).collect();
 
     let mut returned_tokens = 0;
     let mut trained_tokens = 0;

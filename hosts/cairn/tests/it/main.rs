@@ -6,14 +6,18 @@
 
 mod bad_input;
 mod bank;
+mod faults;
 mod gateway;
 mod import;
 mod logprobs;
 mod pipeline;
+mod pool;
+mod resume;
 mod scaffolds;
 mod skills;
 mod smoke;
 mod tools;
+mod ui;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

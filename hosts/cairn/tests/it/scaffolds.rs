@@ -30,23 +30,10 @@ fn train(run: &Path, stack: &str, steps: u64) -> Vec<serde_json::Value> {
 /// The distinct non-empty injections of the run's training prompts.
 fn injections(run: &Path) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for entry in std::fs::read_dir(run.join("trajectories")).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("eval-")
-        {
-            continue;
-        }
-        let batch: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        for row in batch["rows"].as_array().unwrap() {
-            let inject = row["variant"]["inject"].as_str().unwrap().to_string();
-            if !inject.is_empty() && !out.contains(&inject) {
-                out.push(inject);
-            }
+    for (_, row) in crate::pool::rows(run, Some("train")) {
+        let inject = row["variant"]["inject"].as_str().unwrap().to_string();
+        if !inject.is_empty() && !out.contains(&inject) {
+            out.push(inject);
         }
     }
     out
@@ -312,11 +299,12 @@ fn an_injection_longer_than_the_context_window_is_refused_with_the_lengths() {
     assert!(!phases.iter().any(|p| p == "rl"), "{phases:?}");
 }
 
-/// A damaged checkpoint: an `algorithm.state` that does not parse, or a missing bank
-/// snapshot, stops the resume with the file named (said once), before anything is written;
-/// put back, the run resumes.
+/// A damaged checkpoint of a stack with plugin state and a bank: an `algorithm.state` that
+/// changed, or a missing bank snapshot, makes the resume refuse that checkpoint with the file
+/// named and use the one before it (the refused one is kept aside, not deleted); every RL
+/// step still appears exactly once.
 #[test]
-fn a_damaged_checkpoint_is_refused_with_the_file_named() {
+fn a_damaged_checkpoint_is_refused_with_the_file_named_and_the_previous_one_used() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let text = hint_stack(&run, "\n[[algorithm.stack]]\nplugin = \"hint\"")
@@ -325,45 +313,49 @@ fn a_damaged_checkpoint_is_refused_with_the_file_named() {
     let cfg = write_config(tmp.path(), "hint.toml", &text);
     let out = cairn(&["train", cfg.to_str().unwrap()]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
-    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
-    let dir = run.join("checkpoints").join(latest.trim());
-    let metrics_before = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let resume = || cairn(&["train", cfg.to_str().unwrap(), "--steps", "3"]);
+    let latest = || {
+        let name = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+        run.join("checkpoints").join(name.trim())
+    };
+    let rl_steps = || -> Vec<u64> {
+        jsonl(&run.join("metrics.jsonl"))
+            .iter()
+            .filter_map(|m| m["rl_step"].as_u64())
+            .collect()
+    };
 
-    let state = dir.join("algorithm.state");
-    let good = std::fs::read(&state).unwrap();
-    std::fs::write(&state, b"not json").unwrap();
-    let out = resume();
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    assert!(err.contains(&format!("{}:", state.display())), "{err}");
-    assert_eq!(
-        err.matches("is not the state of a stack").count(),
-        1,
-        "{err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-    std::fs::write(&state, &good).unwrap();
-
-    let bank = dir.join("bank.sqlite");
-    let snapshot = std::fs::read(&bank).unwrap();
-    std::fs::remove_file(&bank).unwrap();
-    let out = resume();
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    assert!(
-        err.contains(&format!(
-            "{}: the checkpoint's bank snapshot is missing",
-            bank.display()
-        )),
-        "{err}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
-        metrics_before,
-        "a refused resume writes nothing"
-    );
-    std::fs::write(&bank, &snapshot).unwrap();
-    let out = resume();
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    for (file, steps) in [("algorithm.state", 3u64), ("bank.sqlite", 4)] {
+        let dir = latest();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let path = dir.join(file);
+        if file == "bank.sqlite" {
+            std::fs::remove_file(&path).unwrap();
+        } else {
+            std::fs::write(&path, b"not json").unwrap();
+        }
+        let out = cairn(&[
+            "train",
+            cfg.to_str().unwrap(),
+            "--steps",
+            &steps.to_string(),
+        ]);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("checkpoint {name} refused: {}", path.display())),
+            "{file}: {err}"
+        );
+        assert!(
+            err.contains("resuming from the earlier checkpoint"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            run.join("checkpoints")
+                .join(format!("refused-{name}"))
+                .is_dir(),
+            "the refused checkpoint is kept aside"
+        );
+        assert_eq!(rl_steps(), (1..=steps).collect::<Vec<_>>(), "{file}");
+    }
 }

@@ -1,0 +1,445 @@
+//! Exact resume and the run directory's safety: a run killed with SIGKILL at pseudo-random
+//! points (in the warm start, right after a checkpoint, in the middle of an RL step) and
+//! resumed by the same command ends with the uninterrupted run's metrics, evaluations, weights,
+//! bank and data pool; a damaged checkpoint is refused and the one before it used; a full disk while a
+//! checkpoint is written leaves `latest` on the previous one; SIGINT/SIGTERM stop at a step
+//! boundary with a checkpoint; a stale lock is taken over; `cairn check` names file and line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{cairn, jsonl, stderr, stdout, tiny_config, write_config};
+
+/// Keys of `metrics.jsonl` that measure wall-clock time (`step_time_s`, `rollout_time_s`,
+/// `train_time_s`) or throughput (`tokens_per_s`, `train_tokens_per_s`): they differ from run
+/// to run. Every other value must be equal.
+fn timed(key: &str) -> bool {
+    key.ends_with("_time_s") || key.ends_with("tokens_per_s")
+}
+
+fn untimed(metrics: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    metrics
+        .into_iter()
+        .map(|mut m| {
+            m.as_object_mut().unwrap().retain(|k, _| !timed(k));
+            m
+        })
+        .collect()
+}
+
+/// The tiny pipeline with a 2-epoch warm start of several batches, `steps` RL steps, a
+/// checkpoint every `every` steps and an evaluation every 2.
+fn resume_config(run: &Path, steps: u64, every: u64) -> String {
+    tiny_config(run, steps)
+        .replace(
+            "checkpoint_every = 1",
+            &format!("checkpoint_every = {every}"),
+        )
+        .replace(
+            "epochs = 1\nlr = 1e-3\nbatch_rows = 16",
+            "epochs = 2\nlr = 1e-3\nbatch_rows = 2",
+        )
+        .replace("[eval]\ntasks = 4\n", "[eval]\ntasks = 4\nevery = 2\n")
+}
+
+fn spawn_train(cfg: &Path, env: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    cmd.args(["train", cfg.to_str().unwrap()])
+        .env("CAIRN_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.matches('\n').count())
+}
+
+/// `trainer.json` of the checkpoint `checkpoints/latest` names.
+fn latest_state(run: &Path) -> Option<serde_json::Value> {
+    let name = std::fs::read_to_string(run.join("checkpoints/latest")).ok()?;
+    let text = std::fs::read_to_string(
+        run.join("checkpoints")
+            .join(name.trim())
+            .join("trainer.json"),
+    )
+    .ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Polls every millisecond until `ready`, then SIGKILLs the child; panics if it ended first.
+fn kill_when(child: &mut Child, what: &str, ready: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ready() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("the run ended ({status}) before the kill point ({what}): {err}");
+        }
+        assert!(Instant::now() < deadline, "no kill point ({what}) in 120 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// What must match between two runs: metrics without wall-clock keys, evaluations, the
+/// exported weights, the final checkpoint's weights and optimizer moments, the bank's entries
+/// and the data pool's episodes and turns.
+fn outcome(
+    run: &Path,
+) -> (
+    Vec<serde_json::Value>,
+    String,
+    Vec<Vec<u8>>,
+    Vec<serde_json::Value>,
+) {
+    let metrics = untimed(jsonl(&run.join("metrics.jsonl")));
+    let evals = std::fs::read_to_string(run.join("eval.jsonl")).unwrap();
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let policy = run.join("checkpoints").join(latest.trim()).join("policy");
+    let weights = [
+        run.join("model/model.safetensors"),
+        policy.join("model.safetensors"),
+        policy.join("optimizer.safetensors"),
+        policy.join("reference.safetensors"),
+    ]
+    .iter()
+    .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+    .collect();
+    let mut stores = Vec::new();
+    for args in [
+        &["bank", "export"][..],
+        &["pool", "query", "--json"],
+        &["pool", "export", "--format", "jsonl", "--with-excluded"],
+    ] {
+        let mut args = args.to_vec();
+        args.push(run.to_str().unwrap());
+        let out = cairn(&args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        // Row ids are the pool's surrogate keys (SQLite does not reuse the ids of rows a
+        // resume cut); every other field must match.
+        for line in stdout(&out).lines() {
+            let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if args[0] == "pool" {
+                v.as_object_mut()
+                    .unwrap()
+                    .retain(|k, _| k != "id" && k != "episode");
+            }
+            stores.push(v);
+        }
+    }
+    (metrics, evals, weights, stores)
+}
+
+/// A small deterministic generator for the kill points (splitmix64).
+struct Points(u64);
+
+impl Points {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+#[test]
+fn a_run_killed_at_random_points_resumes_to_the_uninterrupted_runs_metrics_weights_and_bank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let reference = tmp.path().join("reference");
+    let cfg = write_config(tmp.path(), "a.toml", &resume_config(&reference, steps, 1));
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = outcome(&reference);
+    let warm_lines = expected
+        .0
+        .iter()
+        .filter(|m| m["phase"] == "warm_start")
+        .count() as u64;
+    assert!(
+        warm_lines >= 4,
+        "the warm start should span several batches"
+    );
+
+    let run = tmp.path().join("killed");
+    let cfg = write_config(tmp.path(), "b.toml", &resume_config(&run, steps, 1));
+    let metrics = run.join("metrics.jsonl");
+    let mut points = Points(0xC0FFEE);
+    // 1. In the warm start, after a pseudo-random batch (mid epoch or at its end).
+    let at = 1 + points.below(warm_lines - 1);
+    let mut child = spawn_train(&cfg, &[]);
+    kill_when(&mut child, "warm start", || lines(&metrics) as u64 >= at);
+    // 2. Right after a checkpoint of RL step k.
+    let k = 1 + points.below(steps - 3);
+    let mut child = spawn_train(&cfg, &[]);
+    kill_when(&mut child, "checkpoint", || {
+        latest_state(&run).is_some_and(|s| s["rl_steps"].as_u64() >= Some(k))
+    });
+    // 3. In the middle of a later RL step (its metrics line not written yet).
+    let done = latest_state(&run).unwrap()["rl_steps"].as_u64().unwrap();
+    let mid = done + 1 + points.below(steps - done - 1);
+    let mut child = spawn_train(&cfg, &[]);
+    kill_when(&mut child, "mid RL step", || {
+        lines(&metrics) as u64 >= warm_lines + mid
+    });
+    // Resumed by the same command until it finishes.
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("resumed from"), "{err}");
+    // The killed run left its pid in `.lock`; the next run takes the stale lock over.
+    assert!(
+        err.contains("took over the run directory's lock from pid"),
+        "{err}"
+    );
+    // A run that ended cleanly leaves no pid behind.
+    let again = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(!stderr(&again).contains("took over"), "{}", stderr(&again));
+
+    let got = outcome(&run);
+    assert_eq!(got.0.len(), expected.0.len(), "metrics lines");
+    for (i, (a, b)) in got.0.iter().zip(&expected.0).enumerate() {
+        assert_eq!(a, b, "metrics line {}", i + 1);
+    }
+    assert_eq!(got.1, expected.1, "eval.jsonl");
+    assert!(
+        got.2 == expected.2,
+        "weights differ from the uninterrupted run's"
+    );
+    assert_eq!(
+        got.3.len(),
+        expected.3.len(),
+        "bank entries, pool episodes and turns"
+    );
+    for (i, (a, b)) in got.3.iter().zip(&expected.3).enumerate() {
+        assert!(a == b, "bank/pool row {i}:\n{a}\n{b}");
+    }
+}
+
+/// The checkpoint directories of a run, oldest first.
+fn checkpoints(run: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn rl_steps(run: &Path) -> Vec<u64> {
+    jsonl(&run.join("metrics.jsonl"))
+        .iter()
+        .filter_map(|m| m["rl_step"].as_u64())
+        .collect()
+}
+
+#[test]
+fn a_truncated_checkpoint_is_refused_and_the_previous_one_used_and_with_none_left_it_says_what_to_do(
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "t.toml", &tiny_config(&run, 3));
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let tensor = run
+        .join("checkpoints")
+        .join(latest.trim())
+        .join("policy/model.safetensors");
+    let len = std::fs::metadata(&tensor).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tensor)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    let out = cairn(&["train", cfg.to_str().unwrap(), "--steps", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("checkpoint {} refused", latest.trim()))
+            && err.contains("model.safetensors")
+            && err.contains("truncated")
+            && err.contains("resuming from the earlier checkpoint"),
+        "{err}"
+    );
+    // The earlier checkpoint is after RL step 2: step 3 is trained again, once.
+    assert_eq!(rl_steps(&run), [1, 2, 3, 4]);
+
+    // Every checkpoint damaged: a clear error, and nothing is overwritten.
+    for dir in checkpoints(&run) {
+        let file = dir.join("algorithm.state");
+        let mut bytes = std::fs::read(dir.join("policy/model.safetensors")).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xFF;
+        std::fs::write(dir.join("policy/model.safetensors"), bytes).unwrap();
+        assert!(file.exists());
+    }
+    let before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let out = cairn(&["train", cfg.to_str().unwrap(), "--steps", "5"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("no checkpoint of this run verifies")
+            && err.contains("CRC-32")
+            && err.contains("--no-resume"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
+}
+
+#[test]
+fn a_full_disk_while_checkpointing_stops_the_run_and_leaves_latest_on_the_previous_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "d.toml", &resume_config(&run, 3, 1));
+    // The test hook: the 13th file written into a checkpoint fails like a full disk, in the
+    // second checkpoint (the end of the warm start).
+    let out = spawn_train(&cfg, &[("CAIRN_FAULT_WRITE_FAIL_AFTER", "12")])
+        .wait_with_output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("No space left on device") && err.contains("checkpoints/tmp-step-"),
+        "{err}"
+    );
+    // `latest` names a whole checkpoint (it verifies), not the one that failed.
+    let state = latest_state(&run).expect("the first checkpoint stays the resume point");
+    assert_eq!(state["phase"], "warm_start", "{state}");
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resumed from"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("refused"),
+        "the previous checkpoint verifies: {}",
+        stderr(&out)
+    );
+    assert_eq!(rl_steps(&run), [1, 2, 3]);
+    // No unfinished checkpoint is left behind.
+    assert!(checkpoints(&run)
+        .iter()
+        .all(|d| d.join("MANIFEST.json").is_file()));
+}
+
+#[test]
+fn sigint_and_sigterm_stop_at_a_step_boundary_with_a_checkpoint_and_the_run_resumes() {
+    for signal in ["INT", "TERM"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        // Checkpoints every 50 steps: the one after the signal is the stop's own.
+        let cfg = write_config(tmp.path(), "s.toml", &resume_config(&run, 200, 50));
+        let mut child = spawn_train(&cfg, &[]);
+        let metrics = run.join("metrics.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !jsonl_has_rl(&metrics) {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+            assert!(Instant::now() < deadline, "no RL step in 120 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let out: Output = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "SIG{signal}: exit status");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("finishing the step in flight")
+                && err.contains("run the same command to resume"),
+            "SIG{signal}: {err}"
+        );
+        // Nothing half-written: the checkpoint covers every metrics line.
+        let state = latest_state(&run).unwrap();
+        let trained = rl_steps(&run);
+        assert_eq!(
+            state["rl_steps"].as_u64(),
+            trained.last().copied(),
+            "{state}"
+        );
+        assert_eq!(
+            state["metrics_lines"].as_u64(),
+            Some(lines(&metrics) as u64)
+        );
+        let target = trained.len() as u64 + 1;
+        let out = cairn(&[
+            "train",
+            cfg.to_str().unwrap(),
+            "--steps",
+            &target.to_string(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(rl_steps(&run), (1..=target).collect::<Vec<_>>());
+    }
+}
+
+fn jsonl_has_rl(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.contains("\"phase\":\"rl\""))
+}
+
+#[test]
+fn check_passes_a_good_config_and_names_file_and_line_of_each_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let good = tiny_config(&run, 2);
+    let cfg = write_config(tmp.path(), "good.toml", &good);
+    let out = cairn(&["check", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("ok") && text.contains("household") && text.contains("grpo"),
+        "{text}"
+    );
+    assert!(!run.exists(), "check writes nothing");
+
+    let cases = [
+        // A key no section has.
+        (
+            "key",
+            good.replace("max_turns = 6\n", "max_turns = 6\nmax_turnz = 6\n"),
+            "max_turnz",
+        ),
+        // A plugin rejecting its config.
+        (
+            "plugin",
+            good.replace("config = { max_turns = 14 }", "config = { max_turns = 0 }"),
+            "max_turns",
+        ),
+        // A need the config does not meet: GRPO's dynamic sampling needs groups of 2 or more.
+        (
+            "need",
+            good.replace(
+                "plugin = \"grpo\"\n",
+                "plugin = \"grpo\"\nconfig = { dynamic_sampling = true }\n",
+            )
+            .replace("group_size = 4", "group_size = 1"),
+            "min_group_size",
+        ),
+        // A plugin directory that does not exist.
+        (
+            "dirs",
+            format!("[plugins]\ndirs = [\"/nonexistent/cairn-plugins\"]\n\n{good}"),
+            "/nonexistent/cairn-plugins",
+        ),
+    ];
+    for (name, text, named) in cases {
+        let cfg = write_config(tmp.path(), &format!("{name}.toml"), &text);
+        let out = cairn(&["check", cfg.to_str().unwrap()]);
+        assert!(!out.status.success(), "{name}: should fail");
+        let err = stderr(&out);
+        assert!(
+            err.contains(cfg.to_str().unwrap()) && err.contains("line ") && err.contains(named),
+            "{name}: {err}"
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The pool's SQLite schema, its version, the checks made before a pool is used, the
+//! array codecs (little-endian BLOBs) and the mapping of SQLite errors onto the kernel's.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::error::{Error, Result};
+
+/// Version of the schema below, stored in `meta.schema_version`. Bump it with any change to
+/// the tables; a pool of another version is refused at open ([`Error::PoolSchema`]).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The tables (see the module documentation of [`super`] for what each column holds).
+pub const SCHEMA: &str = "
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE steps (
+    step INTEGER PRIMARY KEY,
+    phase TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    metrics TEXT NOT NULL,
+    decisions TEXT NOT NULL
+);
+CREATE TABLE episodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    source TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    global_step INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    trajectory_id INTEGER NOT NULL,
+    group_id INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    seed INTEGER,
+    harness_episode TEXT,
+    variant TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    turns INTEGER NOT NULL,
+    episode_reward REAL,
+    success INTEGER NOT NULL,
+    failure TEXT,
+    trained INTEGER NOT NULL,
+    skip_reason TEXT
+);
+CREATE INDEX episodes_step ON episodes(step, source);
+CREATE INDEX episodes_global_step ON episodes(global_step);
+CREATE INDEX episodes_task ON episodes(task_id);
+CREATE INDEX episodes_trajectory ON episodes(trajectory_id);
+CREATE INDEX episodes_harness ON episodes(harness_episode) WHERE harness_episode IS NOT NULL;
+CREATE TABLE turns (
+    id INTEGER PRIMARY KEY,
+    episode INTEGER NOT NULL REFERENCES episodes(id) ON DELETE CASCADE,
+    turn INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL,
+    prompt_shared INTEGER NOT NULL,
+    prompt_ids BLOB NOT NULL,
+    train_prompt_ids BLOB,
+    response_ids BLOB NOT NULL,
+    response_logprobs BLOB NOT NULL,
+    response_mask BLOB NOT NULL,
+    old_logprobs BLOB NOT NULL,
+    ref_logprobs BLOB NOT NULL,
+    advantages BLOB,
+    finish_reason TEXT NOT NULL,
+    turn_reward REAL NOT NULL,
+    last_turn INTEGER NOT NULL,
+    anchor TEXT,
+    observation TEXT NOT NULL,
+    feedback INTEGER NOT NULL,
+    tool_calls INTEGER NOT NULL,
+    variant TEXT NOT NULL,
+    info TEXT NOT NULL,
+    extra TEXT NOT NULL,
+    trained INTEGER NOT NULL,
+    skip_reason TEXT,
+    UNIQUE (episode, turn)
+);
+CREATE TABLE exclusions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL CHECK (kind IN ('episode', 'turn', 'task', 'harness')),
+    target TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    UNIQUE (kind, target)
+);
+";
+
+/// The first 16 bytes of every SQLite 3 database file.
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Refuses a non-empty file that does not start with SQLite's header, before SQLite opens it
+/// (so nothing but a read ever touches a foreign file). A missing or empty file passes.
+pub fn check_header(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let mut head = Vec::with_capacity(16);
+    (&mut file)
+        .take(16)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, e))?;
+    if head.is_empty() || head == SQLITE_MAGIC {
+        Ok(())
+    } else {
+        Err(Error::Pool {
+            path: path.to_path_buf(),
+            doing: "opening",
+            detail: "not an SQLite database (its first bytes are not the SQLite header); the \
+                     file was left as it is: move it aside and the next run starts an empty pool"
+                .into(),
+        })
+    }
+}
+
+/// Whether the database is empty (`true`: give it the schema) or a pool of this version
+/// (`false`); anything else is an error naming the file.
+pub fn check_pool(conn: &Connection, path: &Path) -> Result<bool> {
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql(path, "reading the schema"))?;
+    if tables == 0 {
+        return Ok(true);
+    }
+    let has_meta: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql(path, "reading the schema"))?;
+    let found: Option<String> = if has_meta == 0 {
+        None
+    } else {
+        conn.query_row(
+            "SELECT value FROM meta WHERE key = 'pool_schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(sql(path, "reading the schema version"))?
+    };
+    match found {
+        Some(v) if v == SCHEMA_VERSION.to_string() => Ok(false),
+        Some(v) => Err(Error::PoolSchema {
+            path: path.to_path_buf(),
+            found: v,
+            expected: SCHEMA_VERSION,
+        }),
+        None => Err(Error::Pool {
+            path: path.to_path_buf(),
+            doing: "opening",
+            detail: "an SQLite database, but not a Cairn data pool (no pool schema version); \
+                     the file was left as it is: move it aside and the next run starts an \
+                     empty pool"
+                .into(),
+        }),
+    }
+}
+
+/// Creates the schema in an empty database (inside the caller's transaction).
+pub fn create(conn: &Connection, path: &Path) -> Result<()> {
+    conn.execute_batch(SCHEMA)
+        .map_err(sql(path, "creating the schema"))?;
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('pool_schema_version', ?1), ('created_by', ?2)",
+        (
+            SCHEMA_VERSION.to_string(),
+            concat!("cairn-kernel ", env!("CARGO_PKG_VERSION")),
+        ),
+    )
+    .map_err(sql(path, "creating the schema"))?;
+    Ok(())
+}
+
+/// Maps an SQLite error to [`Error::Pool`], saying what the pool was `doing`.
+pub fn sql<'a>(path: &'a Path, doing: &'static str) -> impl Fn(rusqlite::Error) -> Error + 'a {
+    move |e| Error::Pool {
+        path: path.to_path_buf(),
+        doing,
+        detail: e.to_string(),
+    }
+}
+
+/// `u32` ids as a little-endian BLOB (4 bytes each).
+pub fn ids_blob(ids: &[u32]) -> Vec<u8> {
+    ids.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `f32` values as a little-endian BLOB (4 bytes each; the bits are kept, so values read
+/// back exactly).
+pub fn f32_blob(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// The inverse of [`ids_blob`]; a length that is not a multiple of 4 is damage.
+pub fn blob_ids(bytes: &[u8], path: &Path, what: &str) -> Result<Vec<u32>> {
+    chunks4(bytes, path, what).map(|c| c.into_iter().map(u32::from_le_bytes).collect())
+}
+
+/// The inverse of [`f32_blob`].
+pub fn blob_f32(bytes: &[u8], path: &Path, what: &str) -> Result<Vec<f32>> {
+    chunks4(bytes, path, what).map(|c| c.into_iter().map(f32::from_le_bytes).collect())
+}
+
+fn chunks4(bytes: &[u8], path: &Path, what: &str) -> Result<Vec<[u8; 4]>> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(Error::Pool {
+            path: path.to_path_buf(),
+            doing: "reading a turn",
+            detail: format!(
+                "`{what}` holds {} bytes, not a whole number of 4-byte values: the file is \
+                 damaged",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect())
+}
+
+/// An unsigned counter as SQLite's `INTEGER` (i64); values above `i64::MAX` are refused
+/// rather than wrapped.
+pub fn to_i64(path: &Path, what: &str, v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::Pool {
+        path: path.to_path_buf(),
+        doing: "writing",
+        detail: format!(
+            "{what} = {v} is above the largest value SQLite stores ({})",
+            i64::MAX
+        ),
+    })
+}
