@@ -655,7 +655,7 @@ impl RunDir {
         }
         let chosen_key = checkpoint_key(&dir).unwrap_or((u64::MAX, u64::MAX));
         for newer in self.checkpoints()? {
-            if !checkpoint_key(&newer).is_some_and(|k| k > chosen_key) {
+            if checkpoint_key(&newer).is_none_or(|k| k <= chosen_key) {
                 continue;
             }
             let name = newer
