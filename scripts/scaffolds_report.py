@@ -20,8 +20,8 @@ def trajectories(run):
         sys.exit(f"{run}: no data pool (pool.sqlite); train the run with cairn train first")
     db = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro", uri=True)
     rows = db.execute(
-        "SELECT e.group_id, max(json_extract(t.variant, '$.inject') != ''), e.success "
-        "FROM episodes e JOIN turns t ON t.episode = e.id "
+        "SELECT e.group_id, max(json_extract(v.json, '$.inject') != ''), e.success "
+        "FROM episodes e JOIN turns t ON t.episode = e.id JOIN variants v ON v.id = t.variant "
         "WHERE e.source IN ('rollout', 'gateway') GROUP BY e.id ORDER BY e.id"
     ).fetchall()
     db.close()

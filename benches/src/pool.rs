@@ -4,7 +4,8 @@
 //!    the run's own `pool/write_time_s` (the optimizer's `RecordStep` round trip, measured in
 //!    every step) against its `step_time_s`; then every training step of its pool is read back
 //!    and written again into a scratch pool with [`Pool::record_step`], timed (the same
-//!    transaction without the actor hop). Size: the run's `pool.sqlite` (and WAL) per RL step,
+//!    transaction without the actor hop). Size: the run's `pool.sqlite` (and WAL) per RL step;
+//!    the scratch pool's, which holds the training steps only (no evaluations), per RL step;
 //!    and what the prompts would take without the shared-prefix delta.
 //! 2. **Queries over `--rows` synthetic turn rows** (default 10⁶: 64 episodes of 8 turns per
 //!    step): per-step summaries, an episode filter (task and reward range), a step range, one
@@ -150,6 +151,14 @@ pub fn run(args: &PoolArgs) -> Result<()> {
     out.insert("prompt_bytes_full".into(), json!(full_prompt_bytes));
     out.insert("prompt_bytes_delta".into(), json!(delta_prompt_bytes));
     drop(pool);
+    // The rewrite holds the training steps only (the run's pool also has its evaluations,
+    // whose number does not grow with the steps).
+    let rewrite_bytes = pool_bytes(&scratch);
+    out.insert("train_pool_bytes".into(), json!(rewrite_bytes));
+    out.insert(
+        "train_pool_bytes_per_1000_steps".into(),
+        json!(rewrite_bytes as f64 / steps * 1000.0),
+    );
 
     // 2. Queries over synthetic rows.
     let synth = args.dir.join("synthetic");

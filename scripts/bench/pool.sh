@@ -9,6 +9,8 @@
 #   scripts/bench/pool.sh                 # 10 RL steps, release build
 #   scripts/bench/pool.sh --steps 20 --rows 2000000
 #   scripts/bench/pool.sh --profile dev   # the (optimised) dev build, no release build
+#   scripts/bench/pool.sh --run RUN_DIR   # measure a run already trained (no training here),
+#                                         # e.g. `cairn train --steps 20 --run-dir RUN_DIR`
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -16,12 +18,14 @@ steps=10
 rows=1000000
 profile=release
 out=target/bench/pool
+run=
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) steps="$2"; shift 2 ;;
         --rows) rows="$2"; shift 2 ;;
         --profile) profile="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
+        --run) run="$2"; shift 2 ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -34,10 +38,11 @@ else
     bin=target/debug
 fi
 mkdir -p "$out"
-run="$out/run"
-# The default job with its run directory moved, fewer RL steps, and a 20-task evaluation
-# (evaluations do not write training rows; they only cost time here).
-"$bin/cairn" config | python3 -c '
+if [[ -z $run ]]; then
+    run="$out/run"
+    # The default job with its run directory moved, fewer RL steps, and a 20-task evaluation
+    # (evaluations do not write training rows; they only cost time here).
+    "$bin/cairn" config | python3 -c '
 import re, sys
 run, steps = sys.argv[1], sys.argv[2]
 text = sys.stdin.read()
@@ -45,8 +50,9 @@ text = re.sub(r"(?m)^dir = .*$", f"dir = \"{run}\"", text, count=1)
 text = re.sub(r"(?m)^steps = .*$", f"steps = {steps}", text, count=1)
 text = re.sub(r"(?m)^tasks = 200$", "tasks = 20", text, count=1)
 print(text, end="")
-' "$run" "$steps" > "$out/config.toml"
-echo "== cairn train ($steps RL steps of the default job)"
-"$bin/cairn" train "$out/config.toml" --no-resume
+    ' "$run" "$steps" > "$out/config.toml"
+    echo "== cairn train ($steps RL steps of the default job)"
+    "$bin/cairn" train "$out/config.toml" --no-resume
+fi
 echo "== cairn-bench pool"
 "$bin/cairn-bench" pool --run "$run" --rows "$rows" --dir "$out/scratch" | tee "$out/pool.json"

@@ -22,7 +22,9 @@
 //! # Schema (version [`SCHEMA_VERSION`], in `meta.pool_schema_version`)
 //!
 //! Arrays are little-endian BLOBs: token ids `u32` (4 bytes each), log-probs and advantages
-//! `f32` (4 bytes, bit-exact), the mask `u8` (1 byte each).
+//! `f32` (4 bytes, bit-exact), the mask `u8` (1 byte each). A turn's texts (anchor,
+//! observation, info, extra) are kept per episode, compressed (`texts`), and each distinct
+//! context variant once (`variants`): both repeat from turn to turn.
 //!
 //! * `steps` — one row per RL step: `step` (the batch's step: 0-based, metrics.jsonl's
 //!   `rl_step` minus 1), `phase` (`rl`), `policy_version` (after the step), `metrics` (the
@@ -44,9 +46,14 @@
 //!   previous turn's prompt's, `prompt_ids` holds the rest — multi-turn prompts repeat their
 //!   history), `train_prompt_ids`, `response_ids`, `response_logprobs`, `response_mask`,
 //!   `old_logprobs`, `ref_logprobs`, `advantages` (per token, from the signals; NULL for a
-//!   row that never reached them), `finish_reason`, `turn_reward`, `last_turn`, `anchor`,
-//!   `observation`, `feedback`, `tool_calls`, `variant` / `info` / `extra` (JSON), `trained`,
-//!   `skip_reason`.
+//!   row that never reached them), `finish_reason`, `turn_reward`, `last_turn`, `feedback`,
+//!   `tool_calls`, `variant` (→ `variants.id`), `trained`, `skip_reason`. `old_logprobs` is
+//!   NULL where it equals `response_logprobs` bit for bit (log-prob reuse).
+//! * `variants` — each distinct context variant once: `id`, `label`, `json` (the whole
+//!   variant, JSON).
+//! * `texts` — one row per episode with turns: `episode`, `data`: the zlib-compressed
+//!   (RFC 1950) JSON array of its turns' texts, one object per turn: `turn`, `anchor` (or
+//!   null), `observation`, `info`, `extra` (objects).
 //! * `exclusions` — curation ([`ExclusionTarget`]): `kind` (`episode` | `turn` | `task` |
 //!   `harness`), `target`, `reason`, `created_at` (Unix seconds). The optimizer reads them at
 //!   the start of every step and skips matching rows, so an exclusion made on a live run

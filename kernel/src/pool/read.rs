@@ -1,6 +1,7 @@
 //! [`PoolReader`]: read-only queries (episodes by filter, per-step summaries, one episode turn
 //! by turn, the rows of an export), also while a trainer writes the pool.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use cairn_plugin_sdk::{ContextVariant, FinishReason, TurnRow};
@@ -8,7 +9,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row};
 use serde::Serialize;
 
-use super::schema::{self, blob_f32, blob_ids, sql};
+use super::schema::{self, blob_f32, blob_ids, sql, TurnText};
 use super::{Exclusions, Source};
 use crate::error::{Error, Result};
 
@@ -245,11 +246,12 @@ impl PoolReader {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT turn, policy_version, prompt_shared, prompt_ids, train_prompt_ids, \
-                 response_ids, response_logprobs, response_mask, old_logprobs, ref_logprobs, \
-                 advantages, finish_reason, turn_reward, last_turn, anchor, observation, \
-                 feedback, tool_calls, variant, info, extra, trained, skip_reason \
-                 FROM turns WHERE episode = ?1 ORDER BY turn",
+                "SELECT t.turn, t.policy_version, t.prompt_shared, t.prompt_ids, \
+                 t.train_prompt_ids, t.response_ids, t.response_logprobs, t.response_mask, \
+                 t.old_logprobs, t.ref_logprobs, t.advantages, t.finish_reason, t.turn_reward, \
+                 t.last_turn, t.feedback, t.tool_calls, v.json, t.trained, t.skip_reason \
+                 FROM turns t JOIN variants v ON v.id = t.variant \
+                 WHERE t.episode = ?1 ORDER BY t.turn",
             )
             .map_err(sql(&self.path, "reading turns"))?;
         let raw = stmt
@@ -257,10 +259,32 @@ impl PoolReader {
             .map_err(sql(&self.path, "reading turns"))?
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(sql(&self.path, "reading turns"))?;
+        if raw.is_empty() {
+            return Ok(Vec::new());
+        }
+        let data: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached("SELECT data FROM texts WHERE episode = ?1")
+            .and_then(|mut s| s.query_row([id as i64], |r| r.get(0)).optional())
+            .map_err(sql(&self.path, "reading turns"))?;
+        let mut texts = match data {
+            Some(data) => schema::blob_texts(&data, &self.path, id)?,
+            None => Vec::new(),
+        };
         let mut previous: Vec<u32> = Vec::new();
         let mut out = Vec::with_capacity(raw.len());
         for t in raw {
-            let record = t.into_record(&e, &previous, &self.path)?;
+            let Some(at) = texts.iter().position(|x| x.turn == t.turn) else {
+                return Err(Error::Pool {
+                    path: self.path.clone(),
+                    doing: "reading a turn",
+                    detail: format!(
+                        "episode {id} turn {}: no texts for it: the file is damaged",
+                        t.turn
+                    ),
+                });
+            };
+            let record = t.into_record(&e, texts.swap_remove(at), &previous, &self.path)?;
             previous = record.row.prompt_ids.clone();
             out.push(record);
         }
@@ -434,19 +458,16 @@ struct RawTurn {
     response: Vec<u8>,
     logprobs: Vec<u8>,
     mask: Vec<u8>,
-    old: Vec<u8>,
+    /// `None`: the sampled log-probs (`logprobs`).
+    old: Option<Vec<u8>>,
     reference: Vec<u8>,
     advantages: Option<Vec<u8>>,
     finish: String,
     turn_reward: f64,
     last_turn: bool,
-    anchor: Option<String>,
-    observation: String,
     feedback: i64,
     tool_calls: u32,
     variant: String,
-    info: String,
-    extra: String,
     trained: bool,
     skip_reason: Option<String>,
 }
@@ -468,19 +489,21 @@ impl RawTurn {
             finish: r.get(11)?,
             turn_reward: r.get(12)?,
             last_turn: r.get(13)?,
-            anchor: r.get(14)?,
-            observation: r.get(15)?,
-            feedback: r.get(16)?,
-            tool_calls: r.get(17)?,
-            variant: r.get(18)?,
-            info: r.get(19)?,
-            extra: r.get(20)?,
-            trained: r.get(21)?,
-            skip_reason: r.get(22)?,
+            feedback: r.get(14)?,
+            tool_calls: r.get(15)?,
+            variant: r.get(16)?,
+            trained: r.get(17)?,
+            skip_reason: r.get(18)?,
         })
     }
 
-    fn into_record(self, e: &EpisodeSummary, previous: &[u32], path: &Path) -> Result<TurnRecord> {
+    fn into_record(
+        self,
+        e: &EpisodeSummary,
+        text: TurnText<'static>,
+        previous: &[u32],
+        path: &Path,
+    ) -> Result<TurnRecord> {
         let damaged = |detail: String| Error::Pool {
             path: path.to_path_buf(),
             doing: "reading a turn",
@@ -495,10 +518,6 @@ impl RawTurn {
         }
         let mut prompt_ids = previous[..shared].to_vec();
         prompt_ids.extend(blob_ids(&self.prompt, path, "prompt_ids")?);
-        let json_map = |text: &str, what: &str| {
-            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
-                .map_err(|err| damaged(format!("{what}: {err}")))
-        };
         let variant: ContextVariant = serde_json::from_str(&self.variant)
             .map_err(|err| damaged(format!("variant: {err}")))?;
         let finish_reason: FinishReason =
@@ -520,13 +539,17 @@ impl RawTurn {
             episode_reward: e.episode_reward.unwrap_or(0.0),
             success: e.success,
             last_turn: self.last_turn,
-            anchor: self.anchor,
-            observation: self.observation,
+            anchor: text.anchor.map(Cow::into_owned),
+            observation: text.observation.into_owned(),
             feedback: self.feedback as i8,
             tool_calls: self.tool_calls,
-            info: json_map(&self.info, "info")?,
-            extra: json_map(&self.extra, "extra")?,
-            old_logprobs: blob_f32(&self.old, path, "old_logprobs")?,
+            info: text.info.into_owned(),
+            extra: text.extra.into_owned(),
+            old_logprobs: blob_f32(
+                self.old.as_deref().unwrap_or(&self.logprobs),
+                path,
+                "old_logprobs",
+            )?,
             ref_logprobs: blob_f32(&self.reference, path, "ref_logprobs")?,
             train_prompt_ids: self
                 .train_prompt

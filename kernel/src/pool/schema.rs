@@ -1,9 +1,12 @@
 //! The pool's SQLite schema, its version, the checks made before a pool is used, the
-//! array codecs (little-endian BLOBs) and the mapping of SQLite errors onto the kernel's.
+//! codecs (arrays as little-endian BLOBs, an episode's turn texts as zlib-compressed JSON) and
+//! the mapping of SQLite errors onto the kernel's.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -25,7 +28,7 @@ CREATE TABLE steps (
     decisions TEXT NOT NULL
 );
 CREATE TABLE episodes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    id INTEGER PRIMARY KEY,
     source TEXT NOT NULL,
     step INTEGER NOT NULL,
     global_step INTEGER NOT NULL,
@@ -49,6 +52,11 @@ CREATE INDEX episodes_global_step ON episodes(global_step);
 CREATE INDEX episodes_task ON episodes(task_id);
 CREATE INDEX episodes_trajectory ON episodes(trajectory_id);
 CREATE INDEX episodes_harness ON episodes(harness_episode) WHERE harness_episode IS NOT NULL;
+CREATE TABLE variants (
+    id INTEGER PRIMARY KEY,
+    label TEXT NOT NULL,
+    json TEXT NOT NULL UNIQUE
+);
 CREATE TABLE turns (
     id INTEGER PRIMARY KEY,
     episode INTEGER NOT NULL REFERENCES episodes(id) ON DELETE CASCADE,
@@ -60,22 +68,22 @@ CREATE TABLE turns (
     response_ids BLOB NOT NULL,
     response_logprobs BLOB NOT NULL,
     response_mask BLOB NOT NULL,
-    old_logprobs BLOB NOT NULL,
+    old_logprobs BLOB,
     ref_logprobs BLOB NOT NULL,
     advantages BLOB,
     finish_reason TEXT NOT NULL,
     turn_reward REAL NOT NULL,
     last_turn INTEGER NOT NULL,
-    anchor TEXT,
-    observation TEXT NOT NULL,
     feedback INTEGER NOT NULL,
     tool_calls INTEGER NOT NULL,
-    variant TEXT NOT NULL,
-    info TEXT NOT NULL,
-    extra TEXT NOT NULL,
+    variant INTEGER NOT NULL REFERENCES variants(id),
     trained INTEGER NOT NULL,
     skip_reason TEXT,
     UNIQUE (episode, turn)
+);
+CREATE TABLE texts (
+    episode INTEGER PRIMARY KEY REFERENCES episodes(id) ON DELETE CASCADE,
+    data BLOB NOT NULL
 );
 CREATE TABLE exclusions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -240,4 +248,39 @@ pub fn to_i64(path: &Path, what: &str, v: u64) -> Result<i64> {
             i64::MAX
         ),
     })
+}
+
+/// The text fields of one turn, as stored in its episode's `texts.data` (one JSON object per
+/// turn, in a JSON array).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TurnText<'a> {
+    pub turn: u32,
+    pub anchor: Option<Cow<'a, str>>,
+    pub observation: Cow<'a, str>,
+    pub info: Cow<'a, serde_json::Map<String, serde_json::Value>>,
+    pub extra: Cow<'a, serde_json::Map<String, serde_json::Value>>,
+}
+
+/// zlib's default level: on the default job's episodes as small as level 9 (and as zstd's
+/// level 9), at a third of zstd 9's time (docs/pool.md, "Costs").
+const ZLIB_LEVEL: u8 = 6;
+
+/// An episode's turn texts as `texts.data`: the JSON array of [`TurnText`], zlib-compressed
+/// (RFC 1950, what Python's `zlib.decompress` reads). Per episode rather than per turn: a
+/// turn's texts are short, and an episode's turns repeat each other's words and keys.
+pub fn texts_blob(texts: &[TurnText<'_>]) -> Vec<u8> {
+    let json = serde_json::to_vec(texts).expect("turn texts serialise");
+    miniz_oxide::deflate::compress_to_vec_zlib(&json, ZLIB_LEVEL)
+}
+
+/// The inverse of [`texts_blob`] (owned); anything that does not decode is damage.
+pub fn blob_texts(bytes: &[u8], path: &Path, episode: u64) -> Result<Vec<TurnText<'static>>> {
+    let damaged = |detail: String| Error::Pool {
+        path: path.to_path_buf(),
+        doing: "reading a turn",
+        detail: format!("episode {episode}: the turn texts {detail}: the file is damaged"),
+    };
+    let json = miniz_oxide::inflate::decompress_to_vec_zlib(bytes)
+        .map_err(|e| damaged(format!("do not decompress ({e})")))?;
+    serde_json::from_slice(&json).map_err(|e| damaged(format!("are not JSON ({e})")))
 }

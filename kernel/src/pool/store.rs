@@ -1,11 +1,12 @@
 //! [`Pool`]: the writer — steps, episodes, evaluations, truncation on resume, exclusions.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::schema::{self, f32_blob, ids_blob, sql, to_i64};
+use super::schema::{self, f32_blob, ids_blob, sql, texts_blob, to_i64, TurnText};
 use super::{EpisodeWrite, Exclusion, ExclusionTarget, Exclusions, StepWrite};
 use crate::error::{Error, Result};
 
@@ -209,8 +210,8 @@ impl Pool {
         let path = self.path.clone();
         let tx = self.begin("starting a reset")?;
         tx.execute_batch(
-            "DELETE FROM turns; DELETE FROM episodes; DELETE FROM steps; \
-             DELETE FROM sqlite_sequence WHERE name = 'episodes';",
+            "DELETE FROM texts; DELETE FROM turns; DELETE FROM episodes; DELETE FROM steps; \
+             DELETE FROM variants;",
         )
         .map_err(sql(&path, "emptying the pool"))?;
         tx.commit().map_err(sql(&path, "committing a reset"))
@@ -323,13 +324,16 @@ fn insert_episode(tx: &Transaction<'_>, path: &Path, e: &EpisodeWrite) -> Result
         .prepare_cached(
             "INSERT INTO turns (episode, turn, policy_version, prompt_shared, prompt_ids, \
              train_prompt_ids, response_ids, response_logprobs, response_mask, old_logprobs, \
-             ref_logprobs, advantages, finish_reason, turn_reward, last_turn, anchor, \
-             observation, feedback, tool_calls, variant, info, extra, trained, skip_reason) \
+             ref_logprobs, advantages, finish_reason, turn_reward, last_turn, feedback, \
+             tool_calls, variant, trained, skip_reason) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-             ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+             ?17, ?18, ?19, ?20)",
         )
         .map_err(sql(path, "writing a turn"))?;
     let mut previous: &[u32] = &[];
+    // The episode's variants' ids (its turns mostly share one).
+    let mut variants: Vec<(&cairn_plugin_sdk::ContextVariant, i64)> = Vec::new();
+    let mut texts = Vec::with_capacity(e.turns.len());
     for t in &e.turns {
         let r = &t.row;
         let shared = previous
@@ -338,14 +342,20 @@ fn insert_episode(tx: &Transaction<'_>, path: &Path, e: &EpisodeWrite) -> Result
             .take_while(|(a, b)| a == b)
             .count();
         previous = &r.prompt_ids;
-        let json = |v: &serde_json::Map<String, serde_json::Value>| {
-            serde_json::Value::Object(v.clone()).to_string()
+        let variant = match variants.iter().find(|(v, _)| **v == r.variant) {
+            Some((_, id)) => *id,
+            None => {
+                let id = variant_id(tx, path, &r.variant)?;
+                variants.push((&r.variant, id));
+                id
+            }
         };
-        let variant = serde_json::to_string(&r.variant).expect("a context variant serialises");
         let finish = serde_json::to_value(r.finish_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
+        let logprobs = f32_blob(&r.response_logprobs);
+        let old = f32_blob(&r.old_logprobs);
         insert
             .execute(rusqlite::params![
                 episode,
@@ -355,27 +365,51 @@ fn insert_episode(tx: &Transaction<'_>, path: &Path, e: &EpisodeWrite) -> Result
                 ids_blob(&r.prompt_ids[shared..]),
                 r.train_prompt_ids.as_deref().map(ids_blob),
                 ids_blob(&r.response_ids),
-                f32_blob(&r.response_logprobs),
+                logprobs,
                 r.response_mask.clone(),
-                f32_blob(&r.old_logprobs),
+                // NULL: the sampled log-probs, bit for bit (log-prob reuse).
+                (old != logprobs).then_some(old),
                 f32_blob(&r.ref_logprobs),
                 t.advantages.as_deref().map(f32_blob),
                 finish,
                 f64::from(r.turn_reward),
                 r.last_turn,
-                r.anchor,
-                r.observation,
                 i64::from(r.feedback),
                 r.tool_calls,
                 variant,
-                json(&r.info),
-                json(&r.extra),
                 t.trained,
                 t.skip_reason,
             ])
             .map_err(sql(path, "writing a turn"))?;
+        texts.push(TurnText {
+            turn: r.turn,
+            anchor: r.anchor.as_deref().map(Cow::Borrowed),
+            observation: Cow::Borrowed(&r.observation),
+            info: Cow::Borrowed(&r.info),
+            extra: Cow::Borrowed(&r.extra),
+        });
+    }
+    if !texts.is_empty() {
+        tx.prepare_cached("INSERT INTO texts (episode, data) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute((episode, texts_blob(&texts))))
+            .map_err(sql(path, "writing the turn texts"))?;
     }
     Ok(())
+}
+
+/// The `variants` row of `variant` (its JSON, whole), added when it is new.
+fn variant_id(
+    tx: &Transaction<'_>,
+    path: &Path,
+    variant: &cairn_plugin_sdk::ContextVariant,
+) -> Result<i64> {
+    let json = serde_json::to_string(variant).expect("a context variant serialises");
+    tx.prepare_cached(
+        "INSERT INTO variants (label, json) VALUES (?1, ?2) \
+         ON CONFLICT (json) DO UPDATE SET label = excluded.label RETURNING id",
+    )
+    .and_then(|mut s| s.query_row((&variant.label, &json), |r| r.get(0)))
+    .map_err(sql(path, "writing a context variant"))
 }
 
 /// For [`super::read`]: an exclusion row back into its type.

@@ -5,7 +5,8 @@ use super::*;
 use crate::error::Error;
 
 /// A row with every field set to something distinctive (non-round floats, a non-trivial
-/// variant, info and extra, a training-prompt override on odd turns).
+/// variant — another one on turn 2 —, info and extra, a training-prompt override on odd turns,
+/// `ℓ_old` the sampled log-probs on turn 1, as log-prob reuse leaves them).
 fn row(trajectory: u64, group: u64, turn: u32, task: &str, reward: f32) -> TurnRow {
     let history: Vec<u32> = (0..(10 + 7 * turn)).collect();
     let mut extra = serde_json::Map::new();
@@ -20,7 +21,11 @@ fn row(trajectory: u64, group: u64, turn: u32, task: &str, reward: f32) -> TurnR
         policy_version: 3 + u64::from(turn),
         variant: ContextVariant {
             label: "hint".into(),
-            inject: "Use the mug.".into(),
+            inject: if turn == 2 {
+                "Use the mug, now.".into()
+            } else {
+                "Use the mug.".into()
+            },
             tools_enabled: false,
             extra: extra.clone(),
         },
@@ -36,14 +41,18 @@ fn row(trajectory: u64, group: u64, turn: u32, task: &str, reward: f32) -> TurnR
         turn_reward: 0.1 * turn as f32,
         episode_reward: reward,
         success: reward > 0.0,
-        last_turn: turn == 1,
+        last_turn: turn == 2,
         anchor: (turn == 0).then(|| "kitchen".into()),
-        observation: format!("you see a mug ({turn})"),
+        observation: format!("you see a mug ({turn}) — \"quoted\"\n\u{1F600}"),
         feedback: -1,
         tool_calls: 2,
         info,
         extra,
-        old_logprobs: vec![-0.2, -0.3, -0.4000001],
+        old_logprobs: if turn == 1 {
+            vec![-0.1234567, -1.0e-7, -17.25]
+        } else {
+            vec![-0.2, -0.3, -0.4000001]
+        },
         ref_logprobs: if turn == 0 {
             vec![]
         } else {
@@ -62,7 +71,7 @@ fn turn(row: TurnRow, trained: bool) -> TurnWrite {
     }
 }
 
-/// Step `step`: two groups of two 2-turn trajectories, tasks `a` and `b`.
+/// Step `step`: two groups of two 3-turn trajectories, tasks `a` and `b`.
 fn step(step: u64) -> StepWrite {
     let mut turns = Vec::new();
     for g in 0..2u64 {
@@ -70,7 +79,7 @@ fn step(step: u64) -> StepWrite {
             let group = step * 2 + g;
             let traj = group * 2 + slot;
             let task = if g == 0 { "a" } else { "b" };
-            for t in 0..2 {
+            for t in 0..3 {
                 turns.push(turn(row(traj, group, t, task, slot as f32), g == 0));
             }
         }
@@ -144,9 +153,32 @@ fn every_field_of_every_turn_reads_back_exactly() {
         ),
         ("rollout", 0, 5, Some(1000), "hint")
     );
-    assert_eq!((e.policy_version, e.turns, e.trained), (3, 2, true));
+    assert_eq!((e.policy_version, e.turns, e.trained), (3, 3, true));
     let (metrics, decisions) = reader.step_record(1).unwrap().unwrap();
     assert_eq!(metrics["loss"], 0.25);
+    // How it is stored: each distinct variant once; `ℓ_old` NULL only where it is the sampled
+    // log-probs; an episode's texts one zlib-compressed JSON array (what Python's `zlib` and
+    // `json` read), none for a failed episode.
+    let conn = rusqlite::Connection::open(pool_path(dir.path())).unwrap();
+    let one = |q: &str| -> i64 { conn.query_row(q, [], |r| r.get(0)).unwrap() };
+    assert_eq!(one("SELECT count(*) FROM variants"), 2);
+    assert_eq!(
+        one("SELECT count(*) FROM turns WHERE old_logprobs IS NULL"),
+        one("SELECT count(*) FROM turns WHERE turn = 1")
+    );
+    assert_eq!(one("SELECT count(*) FROM texts"), 2 * 4);
+    let data: Vec<u8> = conn
+        .query_row("SELECT data FROM texts ORDER BY episode LIMIT 1", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&miniz_oxide::inflate::decompress_to_vec_zlib(&data).unwrap())
+            .unwrap();
+    assert_eq!(json[2]["turn"], 2);
+    assert_eq!(json[0]["observation"], written[0].row.observation);
+    assert_eq!(json[0]["anchor"], "kitchen");
+    assert_eq!(json[1]["info"]["won"], false);
     assert_eq!(decisions["dropped_groups"], json!([3]));
     assert!(reader.step_record(7).unwrap().is_none());
 }
@@ -262,7 +294,7 @@ fn queries_filter_by_step_task_reward_success_version_variant_and_source() {
     let s = &summaries[1];
     assert_eq!(
         (s.step, s.episodes, s.rows, s.failed, s.trained),
-        (1, 5, 8, 1, 2)
+        (1, 5, 12, 1, 2)
     );
     assert_eq!(s.mean_reward, Some(0.5));
     assert!((s.success_rate - 2.0 / 5.0).abs() < 1e-12);

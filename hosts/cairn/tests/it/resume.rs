@@ -1,7 +1,8 @@
 //! Exact resume and the run directory's safety: a run killed with SIGKILL at pseudo-random
-//! points (in the warm start, right after a checkpoint, in the middle of an RL step) and
-//! resumed by the same command ends with the uninterrupted run's metrics, evaluations, weights,
-//! bank and data pool; a damaged checkpoint is refused and the one before it used; a full disk while a
+//! points (in the warm start, right after a checkpoint, in the middle of an RL step) or stopped
+//! by a full disk, and resumed by the same command, ends with the uninterrupted run's metrics,
+//! evaluations, weights, optimizer moments, plugin state, bank and data pool (episode ids
+//! included); a damaged checkpoint is refused and the one before it used; a full disk while a
 //! checkpoint is written leaves `latest` on the previous one; SIGINT/SIGTERM stop at a step
 //! boundary with a checkpoint; a stale lock is taken over; `cairn check` names file and line.
 
@@ -87,53 +88,104 @@ fn kill_when(child: &mut Child, what: &str, ready: impl Fn() -> bool) {
     child.wait().unwrap();
 }
 
-/// What must match between two runs: metrics without wall-clock keys, evaluations, the
-/// exported weights, the final checkpoint's weights and optimizer moments, the bank's entries
-/// and the data pool's episodes and turns.
-fn outcome(
-    run: &Path,
-) -> (
-    Vec<serde_json::Value>,
-    String,
-    Vec<Vec<u8>>,
-    Vec<serde_json::Value>,
-) {
+/// The golden run's config (a tiny model that, warm-started for 16 epochs, plays groups with
+/// mixed rewards) with a checkpoint every `every` steps, an evaluation every 2 and `pats`
+/// stacked on `grpo`, on two training tasks: every RL step writes an evidence card per task
+/// into the bank, and the plugin's state (each task's window of card counts, and the removal
+/// of a scaffold without effect once the window is full) decides which slots later steps
+/// inject the scaffold into. `delta = 0.99` makes a revision
+/// (`gain < −δ` with `p₀ < τ_solve ≤ 1`) impossible and `max_new_scaffolds = 0` turns creation
+/// off, so Pats never asks the skill creator, whose pending reflections are not checkpointed.
+fn pats_config(run: &Path, steps: u64, every: u64) -> String {
+    crate::pipeline::hint_stack(
+        run,
+        "\n[[algorithm.stack]]\nplugin = \"pats\"\nconfig = { scaffold = \"open the receptacles \
+         first\", delta = 0.99, window = 3, max_new_scaffolds = 0, coef = 0.5 }",
+    )
+    .replace("steps = 3", &format!("steps = {steps}"))
+    .replace(
+        "checkpoint_every = 0",
+        &format!("checkpoint_every = {every}"),
+    )
+    .replace(
+        "config = { max_turns = 14 }",
+        "config = { max_turns = 14, train_tasks = 2 }",
+    )
+    .replace("[eval]\ntasks = 4", "[eval]\ntasks = 4\nevery = 2")
+    .replace("epochs = 8", "epochs = 16")
+}
+
+/// What must match between two runs.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    /// `metrics.jsonl` without the wall-clock keys.
+    metrics: Vec<serde_json::Value>,
+    evals: String,
+    /// The exported weights; the final checkpoint's weights, optimizer moments, reference and
+    /// plugin state (`algorithm.state`).
+    files: Vec<(String, Vec<u8>)>,
+    /// `cairn bank export`.
+    bank: Vec<serde_json::Value>,
+    /// `cairn pool query --json` and `pool export --format jsonl`, pool ids included.
+    pool: Vec<serde_json::Value>,
+}
+
+fn outcome(run: &Path) -> Outcome {
     let metrics = untimed(jsonl(&run.join("metrics.jsonl")));
     let evals = std::fs::read_to_string(run.join("eval.jsonl")).unwrap();
     let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
-    let policy = run.join("checkpoints").join(latest.trim()).join("policy");
-    let weights = [
+    let checkpoint = run.join("checkpoints").join(latest.trim());
+    let files = [
         run.join("model/model.safetensors"),
-        policy.join("model.safetensors"),
-        policy.join("optimizer.safetensors"),
-        policy.join("reference.safetensors"),
+        checkpoint.join("policy/model.safetensors"),
+        checkpoint.join("policy/optimizer.safetensors"),
+        checkpoint.join("policy/reference.safetensors"),
+        checkpoint.join("algorithm.state"),
     ]
     .iter()
-    .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+    .map(|p| {
+        let bytes = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        (p.strip_prefix(run).unwrap().display().to_string(), bytes)
+    })
+    .map(|(name, bytes)| (name.replace(latest.trim(), "LATEST"), bytes))
     .collect();
-    let mut stores = Vec::new();
-    for args in [
-        &["bank", "export"][..],
-        &["pool", "query", "--json"],
-        &["pool", "export", "--format", "jsonl", "--with-excluded"],
-    ] {
+    let export = |args: &[&str]| -> Vec<serde_json::Value> {
         let mut args = args.to_vec();
         args.push(run.to_str().unwrap());
         let out = cairn(&args);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
-        // Row ids are the pool's surrogate keys (SQLite does not reuse the ids of rows a
-        // resume cut); every other field must match.
-        for line in stdout(&out).lines() {
-            let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if args[0] == "pool" {
-                v.as_object_mut()
-                    .unwrap()
-                    .retain(|k, _| k != "id" && k != "episode");
-            }
-            stores.push(v);
-        }
+        stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let bank = export(&["bank", "export"]);
+    let mut pool = export(&["pool", "query", "--json"]);
+    pool.extend(export(&[
+        "pool",
+        "export",
+        "--format",
+        "jsonl",
+        "--with-excluded",
+    ]));
+    Outcome {
+        metrics,
+        evals,
+        files,
+        bank,
+        pool,
     }
-    (metrics, evals, weights, stores)
+}
+
+/// The Pats member's state in a stack's `algorithm.state` (`{"0:grpo": …, "1:pats": …}`).
+fn pats_state(outcome: &Outcome) -> serde_json::Value {
+    let (_, bytes) = outcome
+        .files
+        .iter()
+        .find(|(name, _)| name.ends_with("algorithm.state"))
+        .unwrap();
+    let stack: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+    serde_json::from_str(stack["1:pats"].as_str().expect("a pats member")).unwrap()
 }
 
 /// A small deterministic generator for the kill points (splitmix64).
@@ -152,14 +204,14 @@ impl Points {
 #[test]
 fn a_run_killed_at_random_points_resumes_to_the_uninterrupted_runs_metrics_weights_and_bank() {
     let tmp = tempfile::tempdir().unwrap();
-    let steps = 6;
+    let steps = 7;
     let reference = tmp.path().join("reference");
-    let cfg = write_config(tmp.path(), "a.toml", &resume_config(&reference, steps, 1));
+    let cfg = write_config(tmp.path(), "a.toml", &pats_config(&reference, steps, 1));
     let out = cairn(&["train", cfg.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let expected = outcome(&reference);
     let warm_lines = expected
-        .0
+        .metrics
         .iter()
         .filter(|m| m["phase"] == "warm_start")
         .count() as u64;
@@ -167,24 +219,76 @@ fn a_run_killed_at_random_points_resumes_to_the_uninterrupted_runs_metrics_weigh
         warm_lines >= 4,
         "the warm start should span several batches"
     );
+    // Something to restore, so that each comparison below can fail. RL steps that move the
+    // weights and the moments:
+    let rl: Vec<_> = expected
+        .metrics
+        .iter()
+        .filter(|m| m["phase"] == "rl")
+        .collect();
+    assert!(
+        rl.iter().all(|m| m["grad_norm"].as_f64() > Some(0.0)),
+        "{rl:?}"
+    );
+    // evidence cards in the bank, one per task and step until the task's scaffold is removed;
+    let cards = expected
+        .bank
+        .iter()
+        .filter(|e| e["kind"] == "evidence_card")
+        .count();
+    assert!(cards >= 4, "evidence cards: {:?}", expected.bank);
+    // and a plugin state that counted every step and removed both tasks' scaffold, which
+    // later steps obey (they play every slot plain).
+    let state = pats_state(&expected);
+    assert_eq!(state["steps"], steps, "{state}");
+    assert_eq!(state["totals"]["cards"], cards, "{state}");
+    let tasks = state["tasks"].as_object().unwrap();
+    assert!(
+        tasks.len() == 2 && tasks.values().all(|t| t["removed"].is_object()),
+        "{state}"
+    );
+    assert_eq!(rl[0]["pats/scaffolds_active"], 2.0);
+    assert_eq!(rl[rl.len() - 1]["pats/scaffolds_active"], 0.0);
 
     let run = tmp.path().join("killed");
-    let cfg = write_config(tmp.path(), "b.toml", &resume_config(&run, steps, 1));
+    let cfg = write_config(tmp.path(), "b.toml", &pats_config(&run, steps, 1));
     let metrics = run.join("metrics.jsonl");
     let mut points = Points(0xC0FFEE);
     // 1. In the warm start, after a pseudo-random batch (mid epoch or at its end).
     let at = 1 + points.below(warm_lines - 1);
     let mut child = spawn_train(&cfg, &[]);
     kill_when(&mut child, "warm start", || lines(&metrics) as u64 >= at);
-    // 2. Right after a checkpoint of RL step k.
-    let k = 1 + points.below(steps - 3);
+    // 2. Right after a checkpoint of RL step k (before, at or after the step that removes the
+    // scaffolds: the third).
+    let k = 1 + points.below(3);
     let mut child = spawn_train(&cfg, &[]);
     kill_when(&mut child, "checkpoint", || {
         latest_state(&run).is_some_and(|s| s["rl_steps"].as_u64() >= Some(k))
     });
-    // 3. In the middle of a later RL step (its metrics line not written yet).
     let done = latest_state(&run).unwrap()["rl_steps"].as_u64().unwrap();
-    let mid = done + 1 + points.below(steps - done - 1);
+    // 3. A full disk at the next step's checkpoint: the step is in the pool (written before
+    // its metrics line) but not in `latest`, so the resume below deletes its episodes and
+    // writes them again; their pool ids must be the uninterrupted run's.
+    let out = spawn_train(&cfg, &[("CAIRN_FAULT_WRITE_FAIL_AFTER", "0")])
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("No space left on device"),
+        "{err}"
+    );
+    assert_eq!(latest_state(&run).unwrap()["rl_steps"], done);
+    let pool = cairn(&["pool", "query", "--json", run.to_str().unwrap()]);
+    assert!(
+        stdout(&pool).lines().any(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["source"] == "rollout" && e["step"] == done
+        }),
+        "the pool holds the step after the checkpoint: {}",
+        stdout(&pool)
+    );
+    // 4. In the middle of a later RL step (its metrics line not written yet).
+    let mid = (done + 2 + points.below(steps.saturating_sub(done + 2))).min(steps - 1);
     let mut child = spawn_train(&cfg, &[]);
     kill_when(&mut child, "mid RL step", || {
         lines(&metrics) as u64 >= warm_lines + mid
@@ -205,23 +309,25 @@ fn a_run_killed_at_random_points_resumes_to_the_uninterrupted_runs_metrics_weigh
     assert!(!stderr(&again).contains("took over"), "{}", stderr(&again));
 
     let got = outcome(&run);
-    assert_eq!(got.0.len(), expected.0.len(), "metrics lines");
-    for (i, (a, b)) in got.0.iter().zip(&expected.0).enumerate() {
+    assert_eq!(got.metrics.len(), expected.metrics.len(), "metrics lines");
+    for (i, (a, b)) in got.metrics.iter().zip(&expected.metrics).enumerate() {
         assert_eq!(a, b, "metrics line {}", i + 1);
     }
-    assert_eq!(got.1, expected.1, "eval.jsonl");
-    assert!(
-        got.2 == expected.2,
-        "weights differ from the uninterrupted run's"
-    );
-    assert_eq!(
-        got.3.len(),
-        expected.3.len(),
-        "bank entries, pool episodes and turns"
-    );
-    for (i, (a, b)) in got.3.iter().zip(&expected.3).enumerate() {
-        assert!(a == b, "bank/pool row {i}:\n{a}\n{b}");
+    assert_eq!(got.evals, expected.evals, "eval.jsonl");
+    for ((name, a), (_, b)) in got.files.iter().zip(&expected.files) {
+        assert!(a == b, "{name} differs from the uninterrupted run's");
     }
+    assert_eq!(pats_state(&got), state, "the pats state");
+    for (what, a, b) in [
+        ("bank entry", &got.bank, &expected.bank),
+        ("pool episode or turn", &got.pool, &expected.pool),
+    ] {
+        assert_eq!(a.len(), b.len(), "{what}s");
+        for (i, (a, b)) in a.iter().zip(b).enumerate() {
+            assert!(a == b, "{what} {i}:\n{a}\n{b}");
+        }
+    }
+    assert!(got == expected);
 }
 
 /// The checkpoint directories of a run, oldest first.
