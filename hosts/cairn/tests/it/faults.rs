@@ -120,6 +120,43 @@ fn an_environment_panic_error_or_hang_drops_its_group_and_training_goes_on() {
         evals.iter().all(|e| e["failed"] == 0),
         "held-out tasks never fail"
     );
+    // Nothing is lost: the data pool holds all 12 episodes of the step, the dropped groups'
+    // untrained with the reason, each failed one with its failure and the turns it played.
+    let episodes = pool_step(tmp.path(), 0);
+    assert_eq!(episodes.len(), 12, "{episodes:#?}");
+    let mut failed_turns: Vec<u32> = episodes
+        .iter()
+        .filter(|e| e.failure.is_some())
+        .map(|e| e.turns)
+        .collect();
+    failed_turns.sort();
+    assert_eq!(failed_turns, [0, 1, 2], "{episodes:#?}");
+    for e in &episodes {
+        let kept = e.task_id.ends_with('2');
+        assert_eq!(e.trained, kept, "{e:?}");
+        if !kept && e.failure.is_none() {
+            let why = e.skip_reason.as_deref().unwrap_or_default();
+            assert!(why.contains("group dropped"), "{e:?}");
+        }
+    }
+}
+
+/// The rollout episodes the data pool holds for RL step `step` (0-based), one per trajectory.
+fn pool_step(dir: &Path, step: u64) -> Vec<cairn_kernel::pool::EpisodeSummary> {
+    let pool = cairn_kernel::pool::PoolReader::open_run(&dir.join("run")).unwrap();
+    let episodes = pool
+        .episodes(&cairn_kernel::pool::Filter {
+            source: Some("rollout".into()),
+            step_min: Some(step),
+            step_max: Some(step),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut ids: Vec<u64> = episodes.iter().map(|e| e.trajectory_id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), episodes.len(), "a trajectory recorded twice");
+    episodes
 }
 
 #[test]
@@ -149,6 +186,25 @@ fn an_environment_panic_error_or_hang_is_a_zero_reward_member_of_its_group() {
     assert_eq!(num(first, "groups/count"), 3.0, "{first}");
     assert_eq!(num(first, "trajectories/count"), 10.0, "{first}");
     assert_eq!(num(first, "rows/count"), 19.0, "{first}");
+    // In the data pool each failed member is one episode, with its failure and the turns it
+    // played, trained (with reward 0) like its siblings.
+    let episodes = pool_step(tmp.path(), 0);
+    assert_eq!(episodes.len(), 12, "{episodes:#?}");
+    let mut failed: Vec<(u32, bool)> = episodes
+        .iter()
+        .filter(|e| e.failure.is_some())
+        .map(|e| (e.turns, e.turns > 0 && e.trained))
+        .collect();
+    failed.sort();
+    assert_eq!(
+        failed,
+        [(0, false), (0, false), (1, true), (2, true)],
+        "{episodes:#?}"
+    );
+    assert!(episodes
+        .iter()
+        .filter(|e| e.failure.is_none())
+        .all(|e| e.trained));
 }
 
 #[test]
