@@ -393,6 +393,7 @@ impl OptimizerActor {
         } else {
             crate::pool::Source::Rollout
         };
+        let terms = term_decisions(&pool_rows, &signals);
         let write = step_write(StepParts {
             step,
             global_step: msg.global_step,
@@ -401,7 +402,7 @@ impl OptimizerActor {
             rows: pool_rows,
             advantages: signals.advantages,
             dropped_groups: &signals.dropped_groups,
-            extra_rows: signals.extra_rows.len(),
+            terms,
             resample_rounds: round,
             stale,
             curated,
@@ -691,7 +692,8 @@ struct StepParts<'a> {
     /// Per row of `rows` (then the extra rows): the signals' advantages.
     advantages: Vec<Vec<f32>>,
     dropped_groups: &'a [u64],
-    extra_rows: usize,
+    /// The plugins' per-row decisions beyond advantages ([`term_decisions`]).
+    terms: Value,
     resample_rounds: u32,
     stale: Staleness,
     curated: Curated,
@@ -700,6 +702,69 @@ struct StepParts<'a> {
     /// Rows of groups the failure rule dropped ([`Collected::failure_dropped`]).
     failure_dropped: Vec<TurnRow>,
     metrics: &'a Map<String, Value>,
+}
+
+/// What the stack decided per row beyond advantages, for the data pool's step decisions, with
+/// rows named `[trajectory_id, turn]` (indices past `rows` are the signals' extra rows):
+/// - `teacher_terms`: per term its name, coefficient, form, and the rows it distills with the
+///   kind of teacher (`context` or `fixed`) and how many tokens carry a non-zero weight: the
+///   admitted pairs of EDGE-style distillation, the routing of OPID-style teacher targets;
+/// - `aux_terms`: per term its name, coefficient and the rows with a non-zero coefficient;
+/// - `extra_rows`: the auxiliary rows trained under another prompt, each with the row it
+///   copies and its training prompt's length.
+fn term_decisions(rows: &[TurnRow], signals: &Signals) -> Value {
+    let all: Vec<&TurnRow> = rows.iter().chain(&signals.extra_rows).collect();
+    let name = |i: usize| {
+        all.get(i)
+            .map_or(Value::Null, |r| json!([r.trajectory_id, r.turn]))
+    };
+    let teacher: Vec<Value> = signals
+        .teacher
+        .iter()
+        .map(|t| {
+            let targets: Vec<Value> = t
+                .targets
+                .iter()
+                .map(|g| {
+                    let kind = match g.source {
+                        cairn_plugin_sdk::TeacherSource::Context { .. } => "context",
+                        cairn_plugin_sdk::TeacherSource::Fixed { .. } => "fixed",
+                    };
+                    json!({
+                        "row": name(g.row),
+                        "teacher": kind,
+                        "tokens": g.weights.iter().filter(|w| **w != 0.0).count(),
+                    })
+                })
+                .collect();
+            json!({"name": t.name, "coef": t.coef, "form": t.form, "targets": targets})
+        })
+        .collect();
+    let aux: Vec<Value> = signals
+        .aux
+        .iter()
+        .map(|a| {
+            let rows: Vec<Value> = a
+                .coefficients
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.iter().any(|x| *x != 0.0))
+                .map(|(i, _)| name(i))
+                .collect();
+            json!({"name": a.name, "coef": a.coef, "rows": rows})
+        })
+        .collect();
+    let extra: Vec<Value> = signals
+        .extra_rows
+        .iter()
+        .map(|r| {
+            json!({
+                "row": [r.trajectory_id, r.turn],
+                "train_prompt_tokens": r.train_prompt_ids.as_ref().map(Vec::len),
+            })
+        })
+        .collect();
+    json!({"teacher_terms": teacher, "aux_terms": aux, "extra_rows": extra})
 }
 
 /// The step's [`StepWrite`]: trained rows, dropped, stale and excluded rows (untrained, with
@@ -713,7 +778,7 @@ fn step_write(p: StepParts<'_>) -> StepWrite {
         rows,
         mut advantages,
         dropped_groups,
-        extra_rows,
+        terms,
         resample_rounds,
         stale,
         mut curated,
@@ -808,7 +873,9 @@ fn step_write(p: StepParts<'_>) -> StepWrite {
         "excluded_trajectories": excluded_trajectories,
         "excluded_turns": excluded_turns,
         "resample_rounds": resample_rounds,
-        "extra_rows": extra_rows,
+        "extra_rows": terms["extra_rows"],
+        "teacher_terms": terms["teacher_terms"],
+        "aux_terms": terms["aux_terms"],
         "failed_episodes": failed_ids,
     });
     StepWrite {
@@ -915,6 +982,72 @@ fn merge_mismatch(a: Vec<(String, f64)>, b: Vec<(String, f64)>) -> Vec<(String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn term_decisions_name_each_terms_rows_by_trajectory_and_turn() {
+        use cairn_plugin_sdk::{AuxTerm, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm};
+        let row = |trajectory_id, turn| TurnRow {
+            trajectory_id,
+            turn,
+            response_ids: vec![1, 2, 3],
+            response_mask: vec![1, 1, 1],
+            ..TurnRow::default()
+        };
+        let rows = vec![row(4, 0), row(4, 1), row(9, 0)];
+        let mut extra = row(9, 0);
+        extra.train_prompt_ids = Some(vec![5; 7]);
+        let signals = Signals {
+            teacher: vec![TeacherTerm {
+                name: "distill".into(),
+                coef: 0.5,
+                form: TeacherForm::SampledReverseKl,
+                targets: vec![
+                    TeacherTarget {
+                        row: 1,
+                        weights: vec![0.0, 1.0, 1.0],
+                        source: TeacherSource::Context {
+                            context_ids: vec![1],
+                        },
+                    },
+                    TeacherTarget {
+                        row: 3,
+                        weights: vec![1.0; 3],
+                        source: TeacherSource::Fixed {
+                            logprobs: vec![-1.0; 3],
+                            top_ids: Vec::new(),
+                            top_logprobs: Vec::new(),
+                        },
+                    },
+                ],
+            }],
+            aux: vec![AuxTerm {
+                name: "credit".into(),
+                coef: 1.0,
+                coefficients: vec![
+                    vec![0.0; 3],
+                    vec![0.0, 0.2, 0.0],
+                    vec![0.0; 3],
+                    vec![1.0; 3],
+                ],
+            }],
+            extra_rows: vec![extra],
+            ..Signals::default()
+        };
+        let d = term_decisions(&rows, &signals);
+        assert_eq!(
+            d["teacher_terms"][0]["targets"],
+            json!([
+                {"row": [4, 1], "teacher": "context", "tokens": 2},
+                {"row": [9, 0], "teacher": "fixed", "tokens": 3},
+            ])
+        );
+        assert_eq!(d["teacher_terms"][0]["coef"], json!(0.5));
+        assert_eq!(d["aux_terms"][0]["rows"], json!([[4, 1], [9, 0]]));
+        assert_eq!(
+            d["extra_rows"],
+            json!([{"row": [9, 0], "train_prompt_tokens": 7}])
+        );
+    }
 
     #[test]
     fn micro_batches_cover_every_row_once() {

@@ -182,6 +182,33 @@ fn a_scaffold_plugin_stacked_on_grpo_plans_hints_turn_by_turn_and_distills_them(
         assert_eq!(rows == 0.0, active == 0.0, "{m}");
         assert!(term["loss"].as_f64().is_some_and(f64::is_finite), "{m}");
         distilled += rows;
+        // The data pool's decisions of the step name the distilled rows (trajectory, turn):
+        // as many as the plugin reported, each a row of that step with its tokens weighted.
+        let step = m["rl_step"].as_u64().unwrap() - 1;
+        let pool = cairn_kernel::pool::PoolReader::open_run(&run).unwrap();
+        let (_, decisions) = pool.step_record(step).unwrap().unwrap();
+        let terms = decisions["teacher_terms"].as_array().unwrap();
+        assert_eq!(terms.len(), 1, "{decisions}");
+        assert_eq!(terms[0]["name"], "hint-distill");
+        let targets = terms[0]["targets"].as_array().unwrap();
+        assert_eq!(targets.len() as f64, rows, "{decisions}");
+        let recorded: std::collections::BTreeSet<(u64, u64)> =
+            crate::pool::rows(&run, Some("rollout"))
+                .into_iter()
+                .filter(|(name, _)| *name == format!("rollout step {step}"))
+                .map(|(_, r)| {
+                    (
+                        r["trajectory_id"].as_u64().unwrap(),
+                        r["turn"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+        for t in targets {
+            let row = (t["row"][0].as_u64().unwrap(), t["row"][1].as_u64().unwrap());
+            assert!(recorded.contains(&row), "{t} is not a row of step {step}");
+            assert_eq!(t["teacher"], "context", "{t}");
+            assert!(t["tokens"].as_u64().unwrap() > 0, "{t}");
+        }
     }
     assert!(distilled > 0.0, "the hint helped some group in three steps");
     // Half of every group played with the hint; the per-turn hook changed some contexts.
