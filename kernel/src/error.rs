@@ -111,6 +111,14 @@ pub enum Error {
     #[error("no data pool in {} (no pool.sqlite): the run was not trained yet, or by a cairn from before the data pool; run `cairn train` on it first (the pool is written as it trains)", run.display())]
     NoPool { run: PathBuf },
 
+    /// A path given as a run directory that does not exist or is not a directory.
+    #[error("{}: {what}; give a run directory (the config's `run.dir`, e.g. runs/household-grpo)", run.display())]
+    NotARunDir {
+        run: PathBuf,
+        /// `no such directory` or `not a directory`.
+        what: &'static str,
+    },
+
     /// A data-pool file written with another schema version.
     #[error("{path}: data pool schema version {found}, but this cairn reads version {expected}; open it with the cairn that wrote it, or move it aside (a new run starts an empty pool)")]
     PoolSchema {

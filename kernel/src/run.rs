@@ -230,6 +230,19 @@ fn checkpoint_key(dir: &Path) -> Option<(u64, u64)> {
     Some((step.parse().ok()?, n))
 }
 
+/// Whether `name` is a checkpoint directory's name: `step-NNNNNN` or `step-NNNNNN-K`, digits
+/// only (so no path separator, no `..`).
+pub fn is_checkpoint_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match name.strip_prefix("step-") {
+        Some(rest) => match rest.split_once('-') {
+            Some((step, k)) => digits(step) && digits(k),
+            None => digits(rest),
+        },
+        None => false,
+    }
+}
+
 /// Which part of the job a step belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -315,24 +328,91 @@ pub struct StepRecord {
     pub values: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Appends `key: old → new` for every leaf where `old` and `new` differ (objects recursed).
+/// Appends `key: old → new` for every leaf where `old` and `new` differ (objects recursed; a
+/// table present on one side only is compared key by key with nothing).
 fn diff_keys(key: &str, old: &serde_json::Value, new: &serde_json::Value, out: &mut Vec<String>) {
-    use serde_json::Value;
-    match (old, new) {
-        (Value::Object(a), Value::Object(b)) => {
-            let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();
-            names.sort();
-            names.dedup();
-            for name in names {
-                let (x, y) = (
-                    a.get(name).unwrap_or(&Value::Null),
-                    b.get(name).unwrap_or(&Value::Null),
-                );
-                diff_keys(&format!("{key}.{name}"), x, y, out);
+    use serde_json::{Map, Value};
+    let none = Map::new();
+    let (a, b) = match (old, new) {
+        (Value::Object(a), Value::Object(b)) => (a, b),
+        (Value::Object(a), Value::Null) => (a, &none),
+        (Value::Null, Value::Object(b)) => (&none, b),
+        (a, b) => {
+            if a != b {
+                out.push(format!("{key}: {a} → {b}"));
             }
+            return;
         }
-        (a, b) if a != b => out.push(format!("{key}: {a} → {b}")),
-        _ => {}
+    };
+    let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let (x, y) = (
+            a.get(name).unwrap_or(&Value::Null),
+            b.get(name).unwrap_or(&Value::Null),
+        );
+        let name = if key.is_empty() {
+            name.clone()
+        } else {
+            format!("{key}.{name}")
+        };
+        diff_keys(&name, x, y, out);
+    }
+}
+
+/// Every `key: old → new` between a run's saved config (`text`, read from `path`) and
+/// `config`, comparing the values the configs mean (defaults filled in); the TOML tables
+/// themselves when the saved one no longer parses as a config.
+fn config_diff(text: &str, path: &Path, config: &crate::config::PipelineConfig) -> Vec<String> {
+    let source = path.display().to_string();
+    let (old, new) = match crate::config::PipelineConfig::parse(text, &source) {
+        Ok(saved) => (serde_json::to_value(&saved), serde_json::to_value(config)),
+        Err(_) => {
+            let table = |t: &str| {
+                toml::from_str::<toml::Table>(t).map_or(serde_json::Value::Null, |t| {
+                    serde_json::to_value(t).unwrap_or(serde_json::Value::Null)
+                })
+            };
+            (Ok(table(text)), Ok(table(&config.text)))
+        }
+    };
+    let (Ok(old), Ok(new)) = (old, new) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    diff_keys("", &old, &new, &mut out);
+    out
+}
+
+/// The dotted key of a [`diff_keys`] line (`key: old → new`).
+fn diff_key(line: &str) -> &str {
+    line.split_once(": ").map_or(line, |(k, _)| k)
+}
+
+/// A change that a resume refuses: `run.seed` or a key of `[eval]`.
+fn held_out_key(line: &str) -> bool {
+    let key = diff_key(line);
+    key == "run.seed" || key == "eval" || key.starts_with("eval.")
+}
+
+/// A change a resume takes silently: how long, where, whether to resume, on which device.
+fn ignored_key(line: &str) -> bool {
+    let key = diff_key(line);
+    ["run.steps", "run.dir", "run.resume", "model.device"]
+        .iter()
+        .any(|k| key == *k || key.starts_with(&format!("{k}.")))
+}
+
+/// The error for a `checkpoints/latest` that is a directory, saying what to do.
+fn latest_is_a_directory(latest: PathBuf) -> Error {
+    Error::Checkpoint {
+        path: latest,
+        reason: "is a directory, but it must be a file holding the name of the checkpoint to \
+                 resume from; move it away, then write the name of one of the `step-NNNNNN` \
+                 directories beside it into `checkpoints/latest` to resume from that one, or \
+                 pass --no-resume to start the run over"
+            .into(),
     }
 }
 
@@ -360,8 +440,26 @@ impl Drop for RunLock {
 
 impl RunDir {
     /// Creates the directory (and parents) if needed.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] when `checkpoints` is not a directory or `checkpoints/latest` is
+    /// not a file (each says what to do); [`Error::Io`] when the directory cannot be created.
     pub fn create(root: &Path) -> Result<Self> {
-        std::fs::create_dir_all(root.join("checkpoints")).map_err(|e| Error::io(root, e))?;
+        let checkpoints = root.join("checkpoints");
+        if checkpoints.exists() && !checkpoints.is_dir() {
+            return Err(Error::Checkpoint {
+                path: checkpoints,
+                reason: "is a file, but the run directory keeps its checkpoints in a directory \
+                         of that name; move the file away (nothing of the run is in it), or \
+                         pass --run-dir to use another run directory"
+                    .into(),
+            });
+        }
+        let latest = checkpoints.join("latest");
+        if latest.is_dir() {
+            return Err(latest_is_a_directory(latest));
+        }
+        std::fs::create_dir_all(&checkpoints).map_err(|e| Error::io(root, e))?;
         Ok(RunDir {
             root: root.to_path_buf(),
         })
@@ -425,10 +523,12 @@ impl RunDir {
             .join(format!("step-{global_step:06}"))
     }
 
-    /// Before resuming: refuses a config whose model (`model.path` or `[model.scratch]`)
-    /// differs from the one this run's checkpoints were written with (`<run>/config.toml`),
-    /// listing the keys that differ. Other changes (more steps, another device) are allowed.
-    /// A run without a checkpoint, or whose saved config does not parse, is not checked.
+    /// Before resuming: refuses a config whose model (`model.path` or `[model.scratch]`) or
+    /// algorithm stack differs from the one this run's checkpoints were written with
+    /// (`<run>/config.toml`), or whose `run.seed` or `[eval]` does (the held-out numbers
+    /// would stop being comparable), listing the keys that differ. Other changes are allowed
+    /// ([`RunDir::record_config`] warns about them and records the config used). A run
+    /// without a checkpoint, or without a readable `config.toml`, is not checked.
     ///
     /// # Errors
     /// [`Error::Config`] naming the config file and saying to pass `--no-resume` or another
@@ -468,6 +568,27 @@ impl RunDir {
                 });
             }
         }
+        // Held-out comparability: the seed draws the evaluation's tasks and sampling with
+        // everything else, and `[eval]` says what an evaluation is; `eval.jsonl` already holds
+        // numbers measured the old way.
+        let held_out: Vec<String> = config_diff(&text, &path, config)
+            .into_iter()
+            .filter(|d| held_out_key(d))
+            .collect();
+        if !held_out.is_empty() {
+            return Err(Error::Config {
+                file: config.source.clone(),
+                message: format!(
+                    "run directory {} was trained with other held-out settings ({}): its \
+                     evaluations (eval.jsonl) and the resumed run's would not be comparable. \
+                     Resume with the run's `run.seed` and `[eval]` (its config.toml), pass \
+                     --no-resume to start that run over, or --run-dir to start a new run \
+                     elsewhere",
+                    self.root.display(),
+                    held_out.join(", ")
+                ),
+            });
+        }
         let Some(saved) = saved else {
             return Ok(());
         };
@@ -492,6 +613,57 @@ impl RunDir {
                 differ.join(", ")
             ),
         })
+    }
+
+    /// On resume, once the checkpoint of `global_step` is loaded: when `config` differs from
+    /// `<run>/config.toml` in a key other than `run.steps`, `run.dir`, `run.resume` and
+    /// `model.device` ([`RunDir::check_resumable`] has refused the changes that cannot
+    /// resume), keeps the old file as `config.before-step-N.toml` (N = `global_step`; `-K`
+    /// added when taken), writes `config` as `config.toml`, and returns the warning to print:
+    /// every `key: old → new`, and that the resumed run is no longer the uninterrupted run.
+    /// `None` (nothing written) when nothing that matters changed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file that could not be renamed or written.
+    pub fn record_config(
+        &self,
+        config: &crate::config::PipelineConfig,
+        global_step: u64,
+    ) -> Result<Option<String>> {
+        let path = self.root.join("config.toml");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let changed: Vec<String> = config_diff(&text, &path, config)
+            .into_iter()
+            .filter(|d| !ignored_key(d))
+            .collect();
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let mut before = self
+            .root
+            .join(format!("config.before-step-{global_step:06}.toml"));
+        let mut k = 1;
+        while before.exists() {
+            before = self
+                .root
+                .join(format!("config.before-step-{global_step:06}-{k}.toml"));
+            k += 1;
+        }
+        std::fs::rename(&path, &before).map_err(|e| Error::io(&before, e))?;
+        write_atomic(&path, config.text.as_bytes())?;
+        Ok(Some(format!(
+            "{} differs from the config run directory {} trained with until step \
+             {global_step}: {}. The resumed run is no longer the uninterrupted run (the steps up \
+             to the checkpoint used the old values); {} now holds this config and the previous \
+             one is kept as {}",
+            config.source,
+            self.root.display(),
+            changed.join(", "),
+            path.display(),
+            before.display()
+        )))
     }
 
     /// Where a checkpoint of `global_step` is written before it is complete
@@ -605,21 +777,34 @@ impl RunDir {
     /// to pass `--no-resume` (start over) or repair a file.
     pub fn resume_point(&self) -> Result<Option<ResumePoint>> {
         let latest = self.root.join("checkpoints").join("latest");
-        let name = match std::fs::read_to_string(&latest) {
-            Ok(name) => name.trim().to_string(),
+        let name = match std::fs::read(&latest) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(_) if latest.is_dir() => return Err(latest_is_a_directory(latest)),
             Err(e) => return Err(Error::io(&latest, e)),
         };
-        let named = self.root.join("checkpoints").join(&name);
-        let named_key = checkpoint_key(&named).unwrap_or((u64::MAX, u64::MAX));
-        let mut candidates = vec![named.clone()];
+        let mut warnings = Vec::new();
+        // `latest` names a checkpoint beside it; anything else (a path, `..`, garbage) is
+        // never followed: every checkpoint is then a candidate, newest first.
+        let named = is_checkpoint_name(&name).then(|| self.root.join("checkpoints").join(&name));
+        if named.is_none() {
+            warnings.push(format!(
+                "checkpoints/latest holds `{}`, which is not a checkpoint name (step-NNNNNN or \
+                 step-NNNNNN-K); resuming from the newest checkpoint that verifies",
+                name.escape_debug()
+            ));
+        }
+        let named_key = named
+            .as_deref()
+            .and_then(checkpoint_key)
+            .unwrap_or((u64::MAX, u64::MAX));
+        let mut candidates: Vec<PathBuf> = named.iter().cloned().collect();
         candidates.extend(
             self.checkpoints()?
                 .into_iter()
                 .rev()
                 .filter(|d| checkpoint_key(d).is_some_and(|k| k < named_key)),
         );
-        let mut warnings = Vec::new();
         let mut chosen = None;
         let mut refused = Vec::new();
         for dir in candidates {
@@ -647,7 +832,7 @@ impl RunDir {
                 ),
             });
         };
-        if dir != named {
+        if named.is_some() && named.as_ref() != Some(&dir) {
             warnings.push(format!(
                 "resuming from the earlier checkpoint {} instead of {name}",
                 dir.file_name().unwrap_or_default().to_string_lossy()
@@ -682,7 +867,7 @@ impl RunDir {
                 ));
             }
         }
-        if dir != named {
+        if named.as_ref() != Some(&dir) {
             self.mark_latest(&dir)?;
         }
         Ok(Some(ResumePoint { dir, warnings }))
@@ -876,6 +1061,156 @@ mod tests {
             .replace("[model]\n", "[model]\ndevice = \"auto\"\n");
         let same = PipelineConfig::parse(&same, "same.toml").unwrap();
         run.check_resumable(&same).unwrap();
+    }
+
+    /// A run directory whose `config.toml` is `MINIMAL` and whose `latest` names a checkpoint
+    /// of global step 5.
+    fn run_with_config(tmp: &Path) -> RunDir {
+        use crate::config::tests::MINIMAL;
+        let run = RunDir::create(tmp).unwrap();
+        std::fs::write(tmp.join("config.toml"), MINIMAL).unwrap();
+        let dir = run.checkpoint_dir(5);
+        std::fs::create_dir_all(&dir).unwrap();
+        run.save_state(&dir, &TrainerState::default()).unwrap();
+        run.mark_latest(&dir).unwrap();
+        run
+    }
+
+    #[test]
+    fn resuming_with_another_seed_or_eval_is_refused_with_the_keys_and_the_fix() {
+        use crate::config::{tests::MINIMAL, PipelineConfig};
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run_with_config(tmp.path());
+        let cases = [
+            (MINIMAL.replace("seed = 1", "seed = 2"), "run.seed: 1 → 2"),
+            (
+                MINIMAL.replace("tasks = 4\n", "tasks = 4\ntemperature = 0.5\n"),
+                "eval.temperature: 0.0 → 0.5",
+            ),
+        ];
+        for (text, named) in cases {
+            let config = PipelineConfig::parse(&text, "new.toml").unwrap();
+            let e = run.check_resumable(&config).unwrap_err().to_string();
+            assert!(
+                e.contains("new.toml")
+                    && e.contains(named)
+                    && e.contains("not be comparable")
+                    && e.contains("--no-resume")
+                    && e.contains("--run-dir"),
+                "{e}"
+            );
+        }
+        // Nothing was written.
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("config.toml")).unwrap(),
+            MINIMAL
+        );
+    }
+
+    #[test]
+    fn a_changed_config_is_warned_about_once_and_recorded_with_the_old_one_kept() {
+        use crate::config::{tests::MINIMAL, PipelineConfig};
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run_with_config(tmp.path());
+        // Steps, directory and device are not changes of the run: nothing is said or written.
+        let same = MINIMAL
+            .replace("steps = 2", "steps = 9")
+            .replace("dir = \"runs/t\"", "dir = \"runs/u\"")
+            .replace("[model]\n", "[model]\ndevice = \"auto\"\n");
+        let same = PipelineConfig::parse(&same, "same.toml").unwrap();
+        run.check_resumable(&same).unwrap();
+        assert_eq!(run.record_config(&same, 5).unwrap(), None);
+        assert!(!tmp.path().join("config.before-step-000005.toml").exists());
+
+        let text = MINIMAL
+            .replace("group_size = 4", "group_size = 2")
+            .replace("lr = 1e-3", "lr = 2e-3");
+        let changed = PipelineConfig::parse(&text, "new.toml").unwrap();
+        run.check_resumable(&changed).unwrap();
+        let warning = run.record_config(&changed, 5).unwrap().unwrap();
+        assert!(
+            warning.contains("rollout.group_size: 4 → 2")
+                && warning.contains("optimizer.lr: 0.001 → 0.002")
+                && warning.contains("no longer the uninterrupted run")
+                && warning.contains("config.before-step-000005.toml")
+                && !warning.contains("run.steps"),
+            "{warning}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("config.toml")).unwrap(),
+            text
+        );
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("config.before-step-000005.toml")).unwrap(),
+            MINIMAL
+        );
+        // The recorded config is now the run's: resuming with it again changes nothing.
+        assert_eq!(run.record_config(&changed, 5).unwrap(), None);
+        // Changed back: the earlier record is kept, the next one gets its own name.
+        let back = PipelineConfig::parse(MINIMAL, "old.toml").unwrap();
+        assert!(run.record_config(&back, 5).unwrap().is_some());
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("config.before-step-000005-1.toml")).unwrap(),
+            text
+        );
+    }
+
+    #[test]
+    fn garbage_in_latest_is_named_and_never_followed_and_a_latest_directory_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path()).unwrap();
+        commit(&run, 1);
+        let second = commit(&run, 2);
+        // A directory outside the checkpoints that `latest` points into.
+        std::fs::create_dir_all(tmp.path().join("etc")).unwrap();
+        let latest = tmp.path().join("checkpoints/latest");
+        std::fs::write(&latest, "garbage../../etc").unwrap();
+        let point = run.resume_point().unwrap().unwrap();
+        assert_eq!(point.dir, second);
+        let text = point.warnings.join("\n");
+        assert!(
+            text.contains(
+                "checkpoints/latest holds `garbage../../etc`, which is not a checkpoint name"
+            ) && !text.contains("refused"),
+            "{text}"
+        );
+        assert_eq!(std::fs::read_to_string(&latest).unwrap(), "step-000002");
+        assert!(tmp.path().join("etc").is_dir());
+        assert!(is_checkpoint_name("step-000001") && is_checkpoint_name("step-000001-2"));
+        for bad in [
+            "",
+            "step-",
+            "step-1-",
+            "step-1/x",
+            "step-../1",
+            "tmp-step-000001",
+            "latest",
+        ] {
+            assert!(!is_checkpoint_name(bad), "{bad}");
+        }
+
+        std::fs::remove_file(&latest).unwrap();
+        std::fs::create_dir(&latest).unwrap();
+        for e in [
+            run.resume_point().unwrap_err().to_string(),
+            RunDir::create(tmp.path()).unwrap_err().to_string(),
+        ] {
+            assert!(
+                e.contains("checkpoints/latest")
+                    && e.contains("is a directory")
+                    && e.contains("--no-resume"),
+                "{e}"
+            );
+        }
+
+        let other = tmp.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("checkpoints"), "not a directory").unwrap();
+        let e = RunDir::create(&other).unwrap_err().to_string();
+        assert!(
+            e.contains("other/checkpoints") && e.contains("is a file") && e.contains("--run-dir"),
+            "{e}"
+        );
     }
 
     /// A checkpoint with one file, committed.

@@ -131,8 +131,8 @@ impl Trainer<'_> {
         };
         match point {
             Some(point) => {
+                // Printed once, by the observer (not also as a log line).
                 for warning in &point.warnings {
-                    tracing::warn!("{warning}");
                     self.emit(Event::Note(format!("warning: {warning}")));
                 }
                 let dir = point.dir;
@@ -230,6 +230,11 @@ impl Trainer<'_> {
                 .await??;
                 self.note_exclusions(&exclusions);
                 summary.evals = read_evals(&self.run)?;
+                // A config changed since the checkpoint: said once, and `config.toml` becomes
+                // the config that trains from here (the old one is kept beside it).
+                if let Some(warning) = self.run.record_config(&self.config, state.global_step)? {
+                    self.emit(Event::Note(format!("warning: {warning}")));
+                }
                 self.emit(Event::Note(format!(
                     "resumed from {} (step {}, policy version {version})",
                     dir.display(),

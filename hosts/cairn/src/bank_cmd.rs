@@ -3,9 +3,10 @@
 //! a `bank.sqlite` too). Read-only: the bank is opened without write access, so this is safe
 //! while the run trains.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use cairn_kernel::bank::{bank_path, Bank, EntryFilter};
 use cairn_plugin_sdk::bank::{BankEntry, EntryKind, EntryStatus};
 use clap::Subcommand;
@@ -35,9 +36,13 @@ pub enum BankCommand {
         run_dir: PathBuf,
         #[command(flatten)]
         filter: FilterArgs,
-        /// Write to this file instead of stdout.
+        /// Write to this file instead of stdout (written whole or not at all). A SQLite file
+        /// (the bank, say) is never overwritten; another non-empty file only with --force.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// With --out: replace an existing non-empty file.
+        #[arg(long, requires = "out")]
+        force: bool,
     },
 }
 
@@ -88,11 +93,19 @@ fn parse_status(s: &str) -> Result<EntryStatus, String> {
         })
 }
 
+/// Runs a `cairn bank` command; a closed stdout (`cairn bank list RUN | head`) ends it
+/// quietly, with status 0.
 pub fn run(command: BankCommand) -> Result<()> {
+    crate::pool_cmd::quiet_broken_pipe(run_command(command))
+}
+
+fn run_command(command: BankCommand) -> Result<()> {
     match command {
         BankCommand::List { run_dir, filter } => {
             let entries = open(&run_dir)?.list(&filter.filter())?;
-            print!("{}", render_list(&entries));
+            std::io::stdout()
+                .lock()
+                .write_all(render_list(&entries).as_bytes())?;
             Ok(())
         }
         BankCommand::Show { run_dir, id } => {
@@ -104,21 +117,26 @@ pub fn run(command: BankCommand) -> Result<()> {
                     run_dir.display()
                 );
             };
-            print!("{}", render_entry(&entry));
+            std::io::stdout()
+                .lock()
+                .write_all(render_entry(&entry).as_bytes())?;
             Ok(())
         }
         BankCommand::Export {
             run_dir,
             filter,
             out,
+            force,
         } => {
             let bank = open(&run_dir)?;
             match out {
                 Some(path) => {
-                    let file = std::fs::File::create(&path)
-                        .with_context(|| format!("--out {}", path.display()))?;
-                    let mut w = std::io::BufWriter::new(file);
-                    let n = bank.export(&filter.filter(), &mut w, &path)?;
+                    crate::pool_cmd::check_output_path("--out", &path, bank.path(), force)?;
+                    let mut n = 0;
+                    crate::pool_cmd::write_atomically(&path, |w| {
+                        n = bank.export(&filter.filter(), w, &path)?;
+                        Ok(())
+                    })?;
                     eprintln!("{n} entries written to {}", path.display());
                 }
                 None => {

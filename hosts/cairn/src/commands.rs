@@ -311,18 +311,23 @@ mod with_torch {
         let mut progress = Progress::default();
         let summary: Summary = on_actor_system(async {
             // SIGINT / SIGTERM: the trainer finishes the step in flight, checkpoints it and
-            // stops with an error saying how to resume; a second signal exits at once (an
-            // unfinished checkpoint is never taken for a good one, so that is safe too).
-            actix::spawn(async {
-                let signal = crate::serve::signalled().await;
+            // stops with an error saying how to resume; a second signal exits at once with
+            // `_exit` (libtorch's threads may be computing: nothing may run its static
+            // destructors), and an unfinished checkpoint is never taken for a good one.
+            let mut signals = crate::serve::Signals::new();
+            actix::spawn(async move {
+                let signal = signals.next().await;
                 eprintln!(
                     "{signal}: finishing the step in flight, then checkpointing and stopping \
                      (a second signal stops at once)"
                 );
                 cairn_kernel::trainer::request_stop(signal);
-                let again = crate::serve::signalled().await;
-                eprintln!("{again}: stopping now; the run resumes from its last checkpoint");
-                std::process::exit(130);
+                let again = signals.next().await;
+                eprintln!(
+                    "{again} again: stopping now; the step in flight is lost, and the same \
+                     command resumes the run from its last checkpoint"
+                );
+                crate::serve::exit_now(130);
             });
             let mut pipeline = actors::start(parts);
             let threads = pipeline.threads.clone();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use cairn_kernel::config::PipelineConfig;
 use cairn_kernel::pool::{
-    pool_path, EpisodeSummary, ExclusionTarget, Filter, Pool, PoolReader, TurnRecord,
+    existing_pool_path, EpisodeSummary, ExclusionTarget, Filter, Pool, PoolReader, TurnRecord,
 };
 use cairn_kernel::text::Tokenizer;
 use cairn_plugin_sdk::Batch;
@@ -27,7 +27,8 @@ pub enum PoolCommand {
         json: bool,
     },
     /// Mark an episode, a turn, a task or a gateway harness episode excluded: training skips
-    /// the matching rows from the next step on (also on a live run).
+    /// the matching rows from the next step on (also on a live run). An exclusion that
+    /// matches nothing yet is kept (with a warning): it applies when such rows appear.
     Exclude {
         run_dir: PathBuf,
         #[command(flatten)]
@@ -42,8 +43,8 @@ pub enum PoolCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Write the matching episodes' turns as batch JSON (docs/batch-json.md: `cairn signals`
-    /// and `cairn loss` read it) or JSON lines (one turn per line, with the decoded prompt and
+    /// Write the matching episodes' turns as batch JSON (docs/batch-json.md: `cairn signals
+    /// --batch` reads it; `cairn loss` wants the batch with its signals) or JSON lines (one turn per line, with the decoded prompt and
     /// response text when the run's tokenizer is found: for SFT). Excluded episodes and turns
     /// are left out unless --with-excluded.
     Export {
@@ -55,9 +56,13 @@ pub enum PoolCommand {
         /// Keep the rows a curated exclusion matches.
         #[arg(long)]
         with_excluded: bool,
-        /// Write to this file instead of stdout.
+        /// Write to this file instead of stdout (written whole or not at all). A SQLite file
+        /// (the pool, say) is never overwritten; another non-empty file only with --force.
         #[arg(short = 'o', long)]
         out: Option<PathBuf>,
+        /// With -o: replace an existing non-empty file.
+        #[arg(long, requires = "out")]
+        force: bool,
     },
 }
 
@@ -71,10 +76,12 @@ pub enum ExportFormat {
 #[derive(clap::Args)]
 #[group(required = true, multiple = false)]
 pub struct TargetArgs {
-    /// A training trajectory id (the `traj` column of `cairn pool query`).
+    /// A training trajectory id (the `traj` column of `cairn pool query --source train`).
+    /// Evaluations reuse trajectory ids; they are never trained, and this never matches them.
     #[arg(long)]
     episode: Option<u64>,
-    /// One turn of a training trajectory: `TRAJECTORY:TURN`.
+    /// One turn of a training trajectory: `TRAJECTORY:TURN` (a training trajectory id, as
+    /// for --episode, and the 0-based turn).
     #[arg(long)]
     turn: Option<String>,
     /// Every trajectory of this task id.
@@ -145,12 +152,51 @@ pub struct FilterArgs {
     /// Only this trajectory id.
     #[arg(long)]
     trajectory: Option<u64>,
-    /// At most this many episodes.
+    /// At most this many episodes (at least 1).
     #[arg(long)]
     limit: Option<usize>,
 }
 
 impl FilterArgs {
+    /// Refuses filters that can match nothing by construction (naming the flags).
+    fn check(&self) -> Result<()> {
+        fn range<T: PartialOrd + std::fmt::Display>(
+            name: &str,
+            min: Option<T>,
+            max: Option<T>,
+        ) -> Result<()> {
+            if let (Some(min), Some(max)) = (min, max) {
+                if min > max {
+                    bail!(
+                        "--{name}-min {min} is above --{name}-max {max}: no episode can match; \
+                         give --{name}-min ≤ --{name}-max"
+                    );
+                }
+            }
+            Ok(())
+        }
+        for (flag, v) in [
+            ("--reward-min", self.reward_min),
+            ("--reward-max", self.reward_max),
+        ] {
+            if v.is_some_and(f64::is_nan) {
+                bail!("{flag} NaN: give a number (rewards are compared as numbers)");
+            }
+        }
+        range("step", self.step_min, self.step_max)?;
+        range("version", self.version_min, self.version_max)?;
+        // Rewards compare in f32 precision (as the pool stores them).
+        range(
+            "reward",
+            self.reward_min.map(|v| v as f32),
+            self.reward_max.map(|v| v as f32),
+        )?;
+        if self.limit == Some(0) {
+            bail!("--limit 0: give at least 1 (or leave --limit out for every episode)");
+        }
+        Ok(())
+    }
+
     fn filter(&self) -> Result<Filter> {
         if let Some(s) = &self.source {
             if !matches!(s.as_str(), "rollout" | "gateway" | "train" | "eval")
@@ -159,6 +205,7 @@ impl FilterArgs {
                 bail!("--source {s}: give rollout, gateway, eval:LABEL, train or eval");
             }
         }
+        self.check()?;
         Ok(Filter {
             step_min: self.step_min,
             step_max: self.step_max,
@@ -179,6 +226,34 @@ impl FilterArgs {
 }
 
 pub fn run(command: PoolCommand) -> Result<()> {
+    quiet_broken_pipe(run_command(command))
+}
+
+/// `Ok` for an error that is a write to a closed pipe (`cairn pool query RUN | head -1`):
+/// like other Unix tools, a printing command whose reader went away ends quietly, with
+/// status 0. Only for commands that print (SIGPIPE stays ignored process-wide: `cairn serve`
+/// writes to sockets).
+pub(crate) fn quiet_broken_pipe(result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let io =
+            cause.downcast_ref::<std::io::Error>().or_else(|| {
+                match cause.downcast_ref::<cairn_kernel::error::Error>() {
+                    Some(cairn_kernel::error::Error::Io { error, .. }) => Some(error),
+                    _ => None,
+                }
+            });
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn run_command(command: PoolCommand) -> Result<()> {
     match command {
         PoolCommand::Query {
             run_dir,
@@ -205,16 +280,42 @@ pub fn run(command: PoolCommand) -> Result<()> {
             let target = target.target()?;
             let mut pool = open_for_curation(&run_dir)?;
             let new = pool.exclude(&target, &reason)?;
-            println!(
-                "{} {} {}: training skips its rows from the next step on",
+            let (episodes, turns) = PoolReader::open(pool.path())?.exclusion_matches(&target)?;
+            if episodes == 0 {
+                eprintln!(
+                    "warning: nothing in {} matches {} {} yet (no {}); the exclusion is \
+                     kept and applies when such rows appear. `cairn pool query {} --source \
+                     train` lists the trajectory ids and tasks (--episode and --turn name \
+                     training trajectory ids, not evaluations')",
+                    pool.path().display(),
+                    target.kind(),
+                    target.target(),
+                    match &target {
+                        ExclusionTarget::Episode(_) => "training trajectory with this id",
+                        ExclusionTarget::Turn { .. } => "such turn of a training trajectory",
+                        ExclusionTarget::Task(_) => "episode of this task",
+                        ExclusionTarget::Harness(_) => "episode with this harness episode id",
+                    },
+                    run_dir.display()
+                );
+            }
+            writeln!(
+                std::io::stdout().lock(),
+                "{} {} {}: training skips its rows from the next step on (it matches {} \
+                 recorded now: {episodes} episodes, {turns} turns)",
                 if new {
                     "excluded"
                 } else {
                     "updated the reason of"
                 },
                 target.kind(),
-                target.target()
-            );
+                target.target(),
+                if matches!(target, ExclusionTarget::Turn { .. }) {
+                    "the turns"
+                } else {
+                    "the rows"
+                }
+            )?;
             Ok(())
         }
         PoolCommand::Include { run_dir, target } => {
@@ -229,11 +330,12 @@ pub fn run(command: PoolCommand) -> Result<()> {
                     target.target()
                 );
             }
-            println!(
+            writeln!(
+                std::io::stdout().lock(),
                 "included {} {} again: training uses its rows from the next step on",
                 target.kind(),
                 target.target()
-            );
+            )?;
             Ok(())
         }
         PoolCommand::Export {
@@ -242,19 +344,126 @@ pub fn run(command: PoolCommand) -> Result<()> {
             filter,
             with_excluded,
             out,
-        } => export(&run_dir, format, &filter, with_excluded, out.as_deref()),
+            force,
+        } => export(
+            &run_dir,
+            format,
+            &filter,
+            with_excluded,
+            out.as_deref(),
+            force,
+        ),
     }
 }
 
 fn open_for_curation(run_dir: &Path) -> Result<Pool> {
-    let path = pool_path(run_dir);
-    if !path.is_file() {
-        return Err(cairn_kernel::error::Error::NoPool {
-            run: run_dir.to_path_buf(),
+    Ok(Pool::open(&existing_pool_path(run_dir)?)?)
+}
+
+/// The first bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Refuses an export's output path that would destroy data: `protected` (the database the
+/// command reads, with its `-wal` and `-shm` files), any SQLite file, a directory, and any
+/// other non-empty file unless `force`.
+pub(crate) fn check_output_path(
+    flag: &str,
+    path: &Path,
+    protected: &Path,
+    force: bool,
+) -> Result<()> {
+    // Compare canonical paths: the output may not exist yet, its directory must.
+    let canonical = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = p.canonicalize() {
+            return Some(c);
         }
-        .into());
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(parent.canonicalize().ok()?.join(p.file_name()?))
+    };
+    if let (Some(out), Some(db)) = (canonical(path), canonical(protected)) {
+        let name = db
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            if out == db.with_file_name(format!("{name}{suffix}")) {
+                bail!(
+                    "{flag} {}: that is {}{suffix}, which this command reads; give another output \
+                     path",
+                    path.display(),
+                    protected.display()
+                );
+            }
+        }
     }
-    Ok(Pool::open(&path)?)
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        bail!("{flag} {}: a directory; give a file path", path.display());
+    }
+    let mut head = [0u8; 16];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    if n == head.len() && &head == SQLITE_HEADER {
+        bail!(
+            "{flag} {}: an existing SQLite database (a data pool or a bank?); it is never \
+             overwritten: give another output path",
+            path.display()
+        );
+    }
+    if meta.len() > 0 && !force {
+        bail!(
+            "{flag} {}: the file exists ({} bytes); pass --force to replace it, or give another \
+             path",
+            path.display(),
+            meta.len()
+        );
+    }
+    Ok(())
+}
+
+/// Writes what `write` writes to `path` whole or not at all: a temporary file in the same directory,
+/// renamed over `path` once written and synced.
+pub(crate) fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("-o {}: no file name", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> Result<()> {
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        write(&mut w)?;
+        let file = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        file.sync_all()
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {} (left as it was)", path.display()))
 }
 
 fn export(
@@ -263,9 +472,13 @@ fn export(
     filter: &FilterArgs,
     with_excluded: bool,
     out: Option<&Path>,
+    force: bool,
 ) -> Result<()> {
     let pool = PoolReader::open_run(run_dir)?;
     let mut filter = filter.filter()?;
+    if let Some(path) = out {
+        check_output_path("-o", path, pool.path(), force)?;
+    }
     if !with_excluded && filter.excluded.is_none() {
         filter.excluded = Some(false);
     }
@@ -322,9 +535,7 @@ fn export(
         }
     };
     match out {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-        }
+        Some(path) => write_atomically(path, |w| Ok(w.write_all(text.as_bytes())?)),
         None => {
             std::io::stdout().lock().write_all(text.as_bytes())?;
             Ok(())
@@ -406,6 +617,10 @@ pub struct EpisodeChoice {
 
 /// `cairn inspect RUN_DIR [--episode ID [--source S] | --id N]`.
 pub fn inspect(run_dir: &Path, choice: EpisodeChoice) -> Result<()> {
+    quiet_broken_pipe(inspect_to_stdout(run_dir, choice))
+}
+
+fn inspect_to_stdout(run_dir: &Path, choice: EpisodeChoice) -> Result<()> {
     let pool = PoolReader::open_run(run_dir)?;
     let mut out = std::io::stdout().lock();
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();

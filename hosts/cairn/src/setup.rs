@@ -74,12 +74,18 @@ pub struct Plugins {
 /// Everything `cairn train` checks before it builds anything costly, and all that
 /// `cairn check` does: the config (already parsed and validated), the plugins (loaded and
 /// created with their configs), each stack member's needs against the environment and the
-/// host, the stack itself, the skill creator's API key, and the model's settings (device,
-/// dtype, the model directory's `config.json`). Errors name the file, the line and the fix.
+/// host, the stack itself, the skill creator's API key, and the model's settings (the device,
+/// which must exist, the dtype, the model directory's `config.json`). Errors name the file,
+/// the line and the fix.
 pub fn checked(config: &PipelineConfig) -> Result<Plugins> {
     let plugins = plugins(config)?;
     config.skills_api_key(|v| std::env::var(v).ok())?;
-    device_and_dtype(config)?;
+    let (device, _) = device_and_dtype(config)?;
+    // A device that is not there fails here, before the run directory is written (`auto`
+    // falls back to the CPU, so it always resolves).
+    if let Err(e) = device.resolve() {
+        return Err(config.error("model.device", e).into());
+    }
     if let Some(dir) = &config.model.path {
         context_window(config).map_err(|e| {
             config.error(

@@ -82,6 +82,29 @@ pub use store::Pool;
 /// The pool's file name in a run directory.
 pub const POOL_FILE: &str = "pool.sqlite";
 
+/// `<run>/pool.sqlite` of an existing run directory: [`Error::NotARunDir`] when `run` does
+/// not exist or is not a directory, [`Error::NoPool`] when the directory has no pool.
+pub fn existing_pool_path(run: &Path) -> crate::error::Result<PathBuf> {
+    use crate::error::Error;
+    if !run.is_dir() {
+        return Err(Error::NotARunDir {
+            run: run.to_path_buf(),
+            what: if run.exists() {
+                "not a directory"
+            } else {
+                "no such directory"
+            },
+        });
+    }
+    let path = pool_path(run);
+    if !path.is_file() {
+        return Err(Error::NoPool {
+            run: run.to_path_buf(),
+        });
+    }
+    Ok(path)
+}
+
 /// `<run>/pool.sqlite`.
 pub fn pool_path(run_root: &Path) -> PathBuf {
     run_root.join(POOL_FILE)

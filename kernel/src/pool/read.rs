@@ -10,7 +10,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row};
 use serde::Serialize;
 
 use super::schema::{self, blob_f32, blob_ids, sql, TurnText};
-use super::{Exclusions, Source};
+use super::{ExclusionTarget, Exclusions, Source};
 use crate::error::{Error, Result};
 
 /// Which episodes a query returns. Every field narrows; the default is everything.
@@ -124,15 +124,10 @@ const EPISODE_COLUMNS: &str = "e.id, e.source, e.step, e.global_step, e.round, e
     e.episode_reward, e.success, e.failure, e.trained, e.skip_reason";
 
 impl PoolReader {
-    /// Opens `<run>/pool.sqlite` read-only; a run without one is [`Error::NoPool`].
+    /// Opens `<run>/pool.sqlite` read-only; a run directory without one is
+    /// [`Error::NoPool`], a path that is no directory [`Error::NotARunDir`].
     pub fn open_run(run: &Path) -> Result<PoolReader> {
-        let path = super::pool_path(run);
-        if !path.is_file() {
-            return Err(Error::NoPool {
-                run: run.to_path_buf(),
-            });
-        }
-        PoolReader::open(&path)
+        PoolReader::open(&super::existing_pool_path(run)?)
     }
 
     /// Opens the pool file at `path` read-only.
@@ -330,6 +325,51 @@ impl PoolReader {
         exclusions(&self.conn, &self.path)
     }
 
+    /// `(episodes, turns)` that `target` matches now: for an episode or a turn, those of
+    /// training trajectories (evaluations reuse trajectory ids and are never trained); for a
+    /// task or a harness episode id, those of every source.
+    pub fn exclusion_matches(&self, target: &ExclusionTarget) -> Result<(u64, u64)> {
+        let training = "e.source NOT LIKE 'eval:%'";
+        let (episodes, turns, params): (String, String, Vec<Value>) = match target {
+            ExclusionTarget::Episode(t) => (
+                format!("{training} AND e.trajectory_id = ?1"),
+                String::new(),
+                vec![Value::Integer(*t as i64)],
+            ),
+            ExclusionTarget::Turn { trajectory, turn } => (
+                format!(
+                    "{training} AND e.trajectory_id = ?1 AND EXISTS (SELECT 1 FROM turns t \
+                     WHERE t.episode = e.id AND t.turn = ?2)"
+                ),
+                " AND t.turn = ?2".into(),
+                vec![
+                    Value::Integer(*trajectory as i64),
+                    Value::Integer(i64::from(*turn)),
+                ],
+            ),
+            ExclusionTarget::Task(task) => (
+                "e.task_id = ?1".into(),
+                String::new(),
+                vec![Value::Text(task.clone())],
+            ),
+            ExclusionTarget::Harness(h) => (
+                "e.harness_episode = ?1".into(),
+                String::new(),
+                vec![Value::Text(h.clone())],
+            ),
+        };
+        let sql_text = format!(
+            "SELECT (SELECT count(*) FROM episodes e WHERE {episodes}), \
+             (SELECT count(*) FROM turns t JOIN episodes e ON e.id = t.episode \
+              WHERE {episodes}{turns})"
+        );
+        self.conn
+            .query_row(&sql_text, rusqlite::params_from_iter(params), |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(sql(&self.path, "counting an exclusion's rows"))
+    }
+
     /// `(episodes, turns)` in the pool.
     pub fn counts(&self) -> Result<(u64, u64)> {
         self.conn
@@ -380,11 +420,14 @@ fn where_clause(f: &Filter) -> (String, Vec<Value>) {
     if let Some(v) = &f.task {
         push("e.task_id = ?", Value::Text(v.clone()));
     }
+    // Rewards are f32 (stored widened to REAL): compare in f32 precision, so that
+    // `reward_min: 0.9` matches the reward 0.9f32 (0.89999997…).
+    let reward = |v: f64| Value::Real(f64::from(v as f32));
     if let Some(v) = f.reward_min {
-        push("e.episode_reward >= ?", Value::Real(v));
+        push("e.episode_reward >= ?", reward(v));
     }
     if let Some(v) = f.reward_max {
-        push("e.episode_reward <= ?", Value::Real(v));
+        push("e.episode_reward <= ?", reward(v));
     }
     if let Some(v) = f.success {
         push("e.success = ?", Value::Integer(i64::from(v)));

@@ -473,3 +473,90 @@ fn a_reader_sees_each_committed_step_while_the_writer_goes_on() {
     pool.record_step(&step(1)).unwrap();
     assert_eq!(reader.counts().unwrap().0, 10);
 }
+
+#[test]
+fn reward_bounds_compare_in_f32_precision_as_rewards_are_stored() {
+    let (dir, mut pool) = pool_with(0);
+    // 0.9f32 is 0.8999999761581421 as f64: a bound of 0.9 (f64) must still match it.
+    let turns = vec![turn(row(7, 3, 0, "a", 0.9), true)];
+    pool.record_episodes(&EpisodeWrite::group(&Source::Rollout, 0, 0, turns))
+        .unwrap();
+    let reader = PoolReader::open_run(dir.path()).unwrap();
+    let count = |min: Option<f64>, max: Option<f64>| {
+        reader
+            .episodes(&Filter {
+                reward_min: min,
+                reward_max: max,
+                ..Filter::default()
+            })
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count(Some(0.9), None), 1);
+    assert_eq!(count(None, Some(0.9)), 1);
+    assert_eq!(count(Some(0.9), Some(0.9)), 1);
+    assert_eq!(count(Some(0.91), None), 0);
+}
+
+#[test]
+fn exclusion_matches_count_training_rows_only_for_episodes_and_turns() {
+    let (dir, mut pool) = pool_with(1);
+    // An evaluation reusing trajectory id 0 (tasks differ).
+    pool.record_episodes(&EpisodeWrite::group(
+        &Source::Eval("after_rl".into()),
+        1,
+        6,
+        vec![TurnWrite {
+            row: row(0, 0, 0, "held-out", 1.0),
+            ..TurnWrite::default()
+        }],
+    ))
+    .unwrap();
+    let reader = PoolReader::open_run(dir.path()).unwrap();
+    let m = |t: ExclusionTarget| reader.exclusion_matches(&t).unwrap();
+    assert_eq!(m(ExclusionTarget::Episode(0)), (1, 3));
+    assert_eq!(m(ExclusionTarget::Episode(999_999)), (0, 0));
+    assert_eq!(
+        m(ExclusionTarget::Turn {
+            trajectory: 0,
+            turn: 2
+        }),
+        (1, 1)
+    );
+    assert_eq!(
+        m(ExclusionTarget::Turn {
+            trajectory: 2,
+            turn: 99
+        }),
+        (0, 0)
+    );
+    assert_eq!(m(ExclusionTarget::Task("b".into())), (2, 6));
+    assert_eq!(m(ExclusionTarget::Task("held-out".into())), (1, 1));
+    assert_eq!(m(ExclusionTarget::Task("no/such/task".into())), (0, 0));
+    assert_eq!(m(ExclusionTarget::Harness("h-1".into())), (0, 0));
+}
+
+#[test]
+fn a_missing_path_or_a_file_is_not_a_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    assert!(matches!(
+        PoolReader::open_run(&missing),
+        Err(Error::NotARunDir {
+            what: "no such directory",
+            ..
+        })
+    ));
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, "").unwrap();
+    let err = PoolReader::open_run(&file).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::NotARunDir {
+            what: "not a directory",
+            ..
+        }
+    ));
+    assert!(err.to_string().contains(&*file.to_string_lossy()), "{err}");
+    assert!(!err.to_string().contains("cairn train"), "{err}");
+}

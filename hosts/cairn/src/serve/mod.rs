@@ -230,17 +230,25 @@ pub fn serve(
             )?;
             // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
             let recording = Box::pin(record_episodes(&started, record.as_deref()));
-            let recorded = match future::select(recording, Box::pin(signalled())).await {
-                Either::Left((recorded, _)) => recorded,
-                Either::Right((signal, _)) => {
+            let mut signals = Signals::new();
+            let first = match future::select(recording, Box::pin(signals.next())).await {
+                Either::Left((recorded, _)) => Err(recorded),
+                Either::Right((signal, _)) => Ok(signal),
+            };
+            let recorded = match first {
+                Err(recorded) => recorded,
+                Ok(signal) => {
                     eprintln!(
                         "gateway: {signal}: answering the requests in flight, then stopping \
                          (a second signal stops at once)"
                     );
-                    actix::spawn(async {
-                        let again = signalled().await;
-                        eprintln!("gateway: {again} again: stopping at once");
-                        std::process::exit(130);
+                    actix::spawn(async move {
+                        let again = signals.next().await;
+                        eprintln!(
+                            "gateway: {again} again: stopping at once (the requests in flight \
+                             are not answered)"
+                        );
+                        exit_now(130);
                     });
                     Ok(())
                 }
@@ -288,25 +296,55 @@ fn append_finished(gateway: &Gateway, record: Option<&Path>) -> Result<()> {
         .with_context(|| format!("appending episodes to {}", path.display()))
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM, naming it. A signal whose handler cannot be
-/// installed is never awaited (the other still is).
-pub(crate) async fn signalled() -> &'static str {
-    use actix_web::rt::signal::{self, unix};
-    let terminate = async {
-        match unix::signal(unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => future::pending::<()>().await,
+/// SIGINT (Ctrl-C) and SIGTERM, listened to from creation on: a signal that arrives while
+/// the first is being handled is not lost (each [`Signals::next`] takes one). A signal
+/// whose handler cannot be installed is never awaited (the other still is).
+pub(crate) struct Signals {
+    interrupt: Option<actix_web::rt::signal::unix::Signal>,
+    terminate: Option<actix_web::rt::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Installs the handlers (on the running actix system).
+    pub(crate) fn new() -> Self {
+        use actix_web::rt::signal::unix::{signal, SignalKind};
+        Signals {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
         }
-    };
-    let interrupt = async {
-        if signal::ctrl_c().await.is_err() {
-            future::pending::<()>().await;
-        }
-    };
-    match future::select(Box::pin(interrupt), Box::pin(terminate)).await {
-        Either::Left(_) => "interrupted (SIGINT)",
-        Either::Right(_) => "terminated (SIGTERM)",
     }
+
+    /// Resolves on the next SIGINT or SIGTERM, naming it.
+    pub(crate) async fn next(&mut self) -> &'static str {
+        async fn recv(s: Option<&mut actix_web::rt::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    if s.recv().await.is_none() {
+                        future::pending::<()>().await;
+                    }
+                }
+                None => future::pending::<()>().await,
+            }
+        }
+        let interrupt = recv(self.interrupt.as_mut());
+        let terminate = recv(self.terminate.as_mut());
+        match future::select(Box::pin(interrupt), Box::pin(terminate)).await {
+            Either::Left(_) => "interrupted (SIGINT)",
+            Either::Right(_) => "terminated (SIGTERM)",
+        }
+    }
+}
+
+/// Ends the process at once with `code`, for a second signal: stdout and stderr are flushed,
+/// then `_exit` ends every thread together, running no `atexit` handler and no static
+/// destructor. (`std::process::exit` runs libtorch's static destructors while its worker
+/// threads may still compute: a segfault or a libtorch panic.) What was in flight is lost;
+/// every file a resume reads was written atomically or is cut back on resume.
+pub(crate) fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` takes no pointers and never returns; skipping the process's exit-time
+    // cleanup is the point (the OS closes files and releases the run directory's lock).
+    unsafe { libc::_exit(code) }
 }

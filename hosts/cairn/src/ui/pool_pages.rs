@@ -330,17 +330,31 @@ fn summary_table(d: &Dashboard, run: &Run, e: &EpisodeSummary) -> String {
         let _ = write!(out, "<tr><th>{k}</th><td>{v}</td></tr>");
     };
     row("source", escape(&e.source));
-    row(
-        "step",
-        format!(
-            "<a href=\"{}/step?run={}&amp;step={}\">{}</a> (round {})",
-            d.base,
-            query_value(&run.name),
-            e.step,
-            e.step + 1,
-            e.round
+    match e.source.strip_prefix("eval:") {
+        // An evaluation is not an RL step: its `step` counts the RL steps done before it.
+        Some(label) => row(
+            "evaluation",
+            format!(
+                "<a href=\"{}/run?run={}\">{}</a> after {} RL step{}",
+                d.base,
+                query_value(&run.name),
+                escape(label),
+                e.step,
+                if e.step == 1 { "" } else { "s" }
+            ),
         ),
-    );
+        None => row(
+            "step",
+            format!(
+                "<a href=\"{}/step?run={}&amp;step={}\">{}</a> (round {})",
+                d.base,
+                query_value(&run.name),
+                e.step,
+                e.step + 1,
+                e.round
+            ),
+        ),
+    }
     row("task", escape(&e.task_id));
     row("trajectory", e.trajectory_id.to_string());
     row("group", e.group_id.to_string());
@@ -452,9 +466,55 @@ fn turn_html(t: &TurnRecord, tokenizer: Option<&Tokenizer>, scale: f64) -> Strin
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use cairn_plugin_sdk::TurnRow;
 
     use super::*;
+
+    #[test]
+    fn an_evaluation_episode_names_its_evaluation_not_an_rl_step() {
+        let d = Dashboard::standalone(Path::new("/runs"));
+        let run = Run {
+            name: "r".into(),
+            dir: "/runs/r".into(),
+        };
+        let mut e = EpisodeSummary {
+            id: 7,
+            source: "eval:after_rl".into(),
+            step: 20,
+            global_step: 296,
+            round: 0,
+            trajectory_id: 3,
+            group_id: 3,
+            task_id: "household/test/3".into(),
+            seed: None,
+            harness_episode: None,
+            variant: "plain".into(),
+            policy_version: 296,
+            turns: 2,
+            episode_reward: Some(1.0),
+            success: true,
+            failure: None,
+            trained: false,
+            skip_reason: None,
+            excluded: None,
+        };
+        let html = summary_table(&d, &run, &e);
+        assert!(
+            html.contains(
+                "<th>evaluation</th><td><a href=\"/run?run=r\">after_rl</a> after 20 RL steps"
+            ),
+            "{html}"
+        );
+        assert!(!html.contains("/step?"), "{html}");
+        e.source = "rollout".into();
+        let html = summary_table(&d, &run, &e);
+        assert!(
+            html.contains("<a href=\"/step?run=r&amp;step=20\">21</a> (round 0)"),
+            "{html}"
+        );
+    }
 
     #[test]
     fn tokens_carry_their_numbers_and_masked_ones_are_greyed() {

@@ -279,3 +279,34 @@ fn offline_tools_reject_malformed_files_by_name() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("bad.json"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_cuda_device_that_is_not_there_fails_check_and_train_before_the_run_directory_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = tiny_config(&run, 1).replace("device = \"cpu\"", "device = \"cuda\"");
+    let line = text.lines().position(|l| l == "device = \"cuda\"").unwrap() + 1;
+    let cfg = write_config(tmp.path(), "gpu.toml", &text);
+    let check = cairn(&["check", cfg.to_str().unwrap()]);
+    if cairn_torch::DeviceOption::Cuda.resolve().is_ok() {
+        // A machine with a GPU: the config is good.
+        assert!(check.status.success(), "{}", stderr(&check));
+        return;
+    }
+    for (command, out) in [
+        ("check", check),
+        ("train", cairn(&["train", cfg.to_str().unwrap()])),
+    ] {
+        assert_eq!(out.status.code(), Some(1), "{command}: {}", stderr(&out));
+        let e = stderr(&out);
+        assert!(
+            e.contains(cfg.to_str().unwrap())
+                && e.contains(&format!("model.device`, line {line}"))
+                && e.contains("no CUDA device")
+                && e.contains("device = \"cpu\"")
+                && e.contains("\"auto\""),
+            "{command}: {e}"
+        );
+        assert!(!run.exists(), "{command} wrote the run directory");
+    }
+}

@@ -94,6 +94,47 @@ fn bank_commands_list_show_and_export_a_runs_bank() {
     let out = cairn(&["bank", "export", run_arg, "--status", "retired"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "");
+
+    // --out never overwrites the bank (nor any SQLite file); another file only with --force.
+    let bank_file = bank_path(run);
+    let before = std::fs::read(&bank_file).unwrap();
+    let out = cairn(&[
+        "bank",
+        "export",
+        run_arg,
+        "--out",
+        bank_file.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&bank_file).unwrap(), before);
+    let out = cairn(&["bank", "export", run_arg, "--out", file.to_str().unwrap()]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--force"),
+        "{}",
+        stderr(&out)
+    );
+    let out = cairn(&[
+        "bank",
+        "export",
+        run_arg,
+        "--out",
+        file.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // A closed stdout (`cairn bank list RUN | head -0`) ends quietly, status 0.
+    for args in [
+        vec!["bank", "list", run_arg],
+        vec!["bank", "show", run_arg, "2"],
+        vec!["bank", "export", run_arg],
+    ] {
+        for stderr_too in [false, true] {
+            let (code, err) = crate::pool::with_closed_stdout(&args, stderr_too);
+            assert_eq!((code, err.as_str()), (Some(0), ""), "{args:?} {stderr_too}");
+        }
+    }
 }
 
 #[test]

@@ -39,6 +39,26 @@ fn train_two_tasks(dir: &Path, run: &Path, steps: u64) -> std::path::PathBuf {
     cfg
 }
 
+/// Runs cairn with its stdout a pipe whose reader is already gone (`cairn … | head -0`), and
+/// its stderr captured, or the same closed pipe too (`2>&1 | head -0`): `(status, stderr)`.
+pub fn with_closed_stdout(args: &[&str], stderr_too: bool) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    command
+        .args(args)
+        .env("CAIRN_LOG", "error")
+        .stdout(writer.try_clone().unwrap());
+    if stderr_too {
+        command.stderr(writer);
+    } else {
+        drop(writer);
+        command.stderr(std::process::Stdio::piped());
+    }
+    let out = command.output().expect("run cairn");
+    (out.status.code(), stderr(&out))
+}
+
 fn query(run: &Path, args: &[&str]) -> Vec<serde_json::Value> {
     let mut all = vec!["pool", "query", run.to_str().unwrap(), "--json"];
     all.extend_from_slice(args);
@@ -157,6 +177,9 @@ fn the_pool_records_every_step_and_the_cli_queries_inspects_exports_and_excludes
         .map(|t| t.row)
         .collect();
     assert_eq!(batch.rows, first_step, "every field of every row, exactly");
+    export_refuses_to_overwrite_the_pool_or_another_file(&run, tmp.path());
+    closed_stdout_ends_printing_commands_quietly(&run);
+    impossible_filters_are_errors_naming_the_flags(&run);
     let out = cairn(&[
         "signals",
         "--plugin",
@@ -225,6 +248,192 @@ fn the_pool_records_every_step_and_the_cli_queries_inspects_exports_and_excludes
         "{}",
         stderr(&out)
     );
+    exclusions_of_nothing_yet_warn_and_say_what_matches(&run, &task);
+}
+
+/// `-o` never overwrites the pool (nor its -wal/-shm, nor any SQLite file), refuses another
+/// existing file unless --force, and a refused or failed export leaves the path as it was.
+fn export_refuses_to_overwrite_the_pool_or_another_file(run: &Path, tmp: &Path) {
+    let r = run.to_str().unwrap();
+    let pool_file = run.join("pool.sqlite");
+    let before = std::fs::read(&pool_file).unwrap();
+    let export = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "pool", "export", r, "--format", "jsonl", "--limit", "1", "-o",
+        ];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        cairn(&args)
+    };
+    // The pool itself, also spelled another way, and its WAL files, even with --force.
+    let dotted = run.join(".").join("pool.sqlite");
+    for (out, extra) in [
+        (pool_file.clone(), &[][..]),
+        (pool_file.clone(), &["--force"][..]),
+        (dotted, &["--force"][..]),
+        (run.join("pool.sqlite-wal"), &["--force"][..]),
+        (run.join("pool.sqlite-shm"), &[][..]),
+    ] {
+        let o = export(&out, extra);
+        assert!(
+            !o.status.success() && stderr(&o).contains("another output path"),
+            "{out:?} {extra:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(
+        std::fs::read(&pool_file).unwrap(),
+        before,
+        "the pool untouched"
+    );
+    // A copy of the pool elsewhere: a SQLite file, never overwritten.
+    let copy = tmp.join("copy.sqlite");
+    std::fs::write(&copy, &before).unwrap();
+    let o = export(&copy, &["--force"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("SQLite"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+    // Another file: refused, named, until --force.
+    let notes = tmp.join("notes.txt");
+    std::fs::write(&notes, "mine\n").unwrap();
+    let o = export(&notes, &[]);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success()
+            && err.contains(notes.to_str().unwrap())
+            && err.contains("--force")
+            && err.contains("another"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
+    let o = export(&notes, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&notes).unwrap();
+    assert!(
+        text.starts_with("{\"") && text.lines().count() >= 1,
+        "{text}"
+    );
+    // The export leaves no temporary file behind.
+    let names: Vec<String> = std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+/// `cairn pool query RUN | head -1`: a closed stdout ends the printing commands with status
+/// 0 and nothing on stderr (no "Broken pipe" error, no panic when stderr is the pipe too).
+fn closed_stdout_ends_printing_commands_quietly(run: &Path) {
+    let r = run.to_str().unwrap();
+    for args in [
+        vec!["pool", "query", r],
+        vec!["pool", "query", r, "--json"],
+        vec!["pool", "export", r, "--format", "jsonl"],
+        vec!["pool", "export", r, "--format", "batch"],
+        vec!["inspect", r],
+        vec!["inspect", r, "--id", "1"],
+    ] {
+        for stderr_too in [false, true] {
+            let (code, err) = with_closed_stdout(&args, stderr_too);
+            assert_eq!(code, Some(0), "{args:?} (2>&1: {stderr_too}): {err}");
+            assert_eq!(err, "", "{args:?}");
+        }
+    }
+}
+
+/// Filters that cannot match are errors naming the flags, for query and export.
+fn impossible_filters_are_errors_naming_the_flags(run: &Path) {
+    let r = run.to_str().unwrap();
+    for (filter, says) in [
+        (
+            &["--reward-min", "1", "--reward-max", "0"][..],
+            "--reward-max",
+        ),
+        (&["--step-min", "5", "--step-max", "2"][..], "--step-max"),
+        (
+            &["--version-min", "3", "--version-max", "1"][..],
+            "--version-max",
+        ),
+        (&["--reward-min", "NaN"][..], "--reward-min NaN"),
+        (&["--reward-max", "nan"][..], "--reward-max NaN"),
+        (&["--limit", "0"][..], "--limit 0"),
+    ] {
+        for command in [
+            vec!["pool", "query", r],
+            vec!["pool", "export", r, "--format", "batch"],
+        ] {
+            let mut args = command.clone();
+            args.extend_from_slice(filter);
+            let o = cairn(&args);
+            let err = stderr(&o);
+            assert!(
+                !o.status.success() && err.contains(says) && err.contains("give"),
+                "{args:?}: {err}"
+            );
+            assert_eq!(stdout(&o), "", "{args:?}");
+        }
+    }
+    // Equal bounds are fine: 0.9 and 0.9 is a range of one value.
+    let o = cairn(&[
+        "pool",
+        "query",
+        r,
+        "--reward-min",
+        "0.9",
+        "--reward-max",
+        "0.9",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// An exclusion that matches nothing yet is kept with a warning (naming it, saying when it
+/// applies, pointing to `cairn pool query`); every success message says what it matches now.
+fn exclusions_of_nothing_yet_warn_and_say_what_matches(run: &Path, task: &str) {
+    let r = run.to_str().unwrap();
+    for target in [
+        &["--task", "no/such/task"][..],
+        &["--episode", "999999"][..],
+        &["--turn", "2:99"][..],
+    ] {
+        let mut args = vec!["pool", "exclude", r];
+        args.extend_from_slice(target);
+        args.extend_from_slice(&["--reason", "x"]);
+        let o = cairn(&args);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        let named = target[1];
+        assert!(
+            err.contains("warning")
+                && err.contains(named)
+                && err.contains("applies when such rows appear")
+                && err.contains("cairn pool query"),
+            "{args:?}: {err}"
+        );
+        assert!(stdout(&o).contains("0 episodes, 0 turns"), "{}", stdout(&o));
+        let mut back = vec!["pool", "include", r];
+        back.extend_from_slice(target);
+        assert!(cairn(&back).status.success());
+    }
+    // A real target: no warning, and the counts of what it matches.
+    let expected = query(run, &["--task", task]).len();
+    let o = cairn(&["pool", "exclude", r, "--task", task, "--reason", "x"]);
+    assert!(
+        o.status.success() && stderr(&o).is_empty(),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stdout(&o).contains(&format!("{expected} episodes")),
+        "{expected}: {}",
+        stdout(&o)
+    );
+    assert!(cairn(&["pool", "include", r, "--task", task])
+        .status
+        .success());
 }
 
 type TurnRecordRow = cairn_plugin_sdk::TurnRow;
@@ -248,4 +457,34 @@ fn a_run_directory_without_a_pool_is_an_error_that_says_what_to_do() {
     }
     let out = cairn(&["pool", "exclude", r, "--turn", "4", "--reason", "x"]);
     assert!(stderr(&out).contains("--turn 4"), "{}", stderr(&out));
+}
+
+/// A path that is no run directory (missing, or a file) says exactly that, not "train it".
+#[test]
+fn a_missing_path_or_a_file_is_not_taken_for_an_untrained_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let file = tmp.path().join("config.toml");
+    std::fs::write(&file, "").unwrap();
+    for (path, says) in [(&missing, "no such directory"), (&file, "not a directory")] {
+        let p = path.to_str().unwrap();
+        for args in [
+            vec!["inspect", p],
+            vec!["pool", "query", p],
+            vec!["pool", "export", p, "--format", "jsonl"],
+            vec!["pool", "exclude", p, "--task", "t", "--reason", "x"],
+            vec!["pool", "include", p, "--task", "t"],
+        ] {
+            let out = cairn(&args);
+            let err = stderr(&out);
+            assert!(
+                !out.status.success()
+                    && err.contains(p)
+                    && err.contains(says)
+                    && !err.contains("cairn train"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    assert!(!missing.exists(), "nothing created");
 }

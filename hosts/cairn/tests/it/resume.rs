@@ -549,3 +549,197 @@ fn check_passes_a_good_config_and_names_file_and_line_of_each_error() {
         );
     }
 }
+
+/// Sends `signal` to the process `pid`.
+fn send(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) takes plain integers; the child is not yet waited on, so its pid is ours.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_second_sigint_exits_at_once_with_status_130_without_a_crash_and_the_run_resumes() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    // The first signal lets the step in flight finish and checkpoint; when that finished
+    // before the second signal arrived, the attempt proves nothing and is made again.
+    for attempt in 1..=5 {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        // Longer generations than the tiny config's, so that a step is in flight (libtorch
+        // computing on the actor threads) when the second signal arrives.
+        let cfg = write_config(
+            tmp.path(),
+            "s.toml",
+            &resume_config(&run, 200, 1).replace("max_new_tokens = 8", "max_new_tokens = 48"),
+        );
+        let mut child = spawn_train(&cfg, &[]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let metrics = run.join("metrics.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !jsonl_has_rl(&metrics) {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+            assert!(Instant::now() < deadline, "no RL step in 120 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        send(child.id(), libc::SIGINT);
+        let mut err = String::new();
+        // The second signal once the first is being handled (signals sent together could
+        // merge into one).
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("no answer to the first SIGINT: {err}"));
+            err.push_str(&line);
+            err.push('\n');
+            if line.contains("finishing the step in flight") {
+                break;
+            }
+        }
+        send(child.id(), libc::SIGINT);
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        err.extend(rx.try_iter().map(|l| l + "\n"));
+        if status.code() == Some(1) && !err.contains("again: stopping now") {
+            assert!(err.contains("run the same command to resume"), "{err}");
+            eprintln!("attempt {attempt}: the first stop finished before the second signal");
+            continue;
+        }
+        assert_eq!(
+            (status.code(), status.signal()),
+            (Some(130), None),
+            "exit status {status}; stderr: {err}"
+        );
+        assert!(
+            err.contains("again: stopping now")
+                && err.contains("the step in flight is lost")
+                && err.contains("resumes the run from its last checkpoint"),
+            "{err}"
+        );
+        for crash in [
+            "panicked",
+            "backtrace",
+            "Invalid (backend, op)",
+            "Segmentation",
+        ] {
+            assert!(!err.contains(crash), "{crash}: {err}");
+        }
+        // The same command resumes from the last checkpoint.
+        let target = rl_steps(&run).len() as u64 + 1;
+        let out = cairn(&[
+            "train",
+            cfg.to_str().unwrap(),
+            "--steps",
+            &target.to_string(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).contains("resumed from"), "{}", stderr(&out));
+        assert_eq!(rl_steps(&run), (1..=target).collect::<Vec<_>>());
+        return;
+    }
+    panic!("in 5 attempts the second signal never arrived while a step was in flight");
+}
+
+#[test]
+fn resume_refuses_another_seed_warns_once_about_other_changes_and_names_a_bad_latest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = tiny_config(&run, 2);
+    let cfg = write_config(tmp.path(), "r.toml", &text);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+
+    // Another seed: refused before anything is written, with the key and the fix.
+    let seeded = write_config(
+        tmp.path(),
+        "seed.toml",
+        &text.replace("seed = 3", "seed = 4"),
+    );
+    let out = cairn(&["train", seeded.to_str().unwrap(), "--steps", "3"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("run.seed: 3 → 4") && err.contains("--no-resume"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
+
+    // Garbage in `latest` and a changed group size: each said once (warnings are not also
+    // logged), the newest checkpoint used, the config recorded.
+    std::fs::write(run.join("checkpoints/latest"), "garbage../../../etc").unwrap();
+    let changed_text = text.replace("group_size = 4", "group_size = 2");
+    let changed = write_config(tmp.path(), "changed.toml", &changed_text);
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["train", changed.to_str().unwrap(), "--steps", "3"])
+        .env("CAIRN_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let garbage = "checkpoints/latest holds `garbage../../../etc`, which is not a checkpoint name";
+    assert_eq!(err.matches(garbage).count(), 1, "{err}");
+    assert_eq!(err.matches("rollout.group_size: 4 → 2").count(), 1, "{err}");
+    assert!(
+        err.contains("no longer the uninterrupted run") && !err.contains("refused"),
+        "{err}"
+    );
+    assert_eq!(rl_steps(&run), [1, 2, 3]);
+    assert_eq!(
+        std::fs::read_to_string(run.join("config.toml")).unwrap(),
+        changed_text
+    );
+    // "resumed from DIR (step N, ...)": N is the checkpoint's global step.
+    let step: u64 = err
+        .split_once("resumed from ")
+        .and_then(|(_, rest)| rest.split_once("(step "))
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resume step: {err}"));
+    let kept: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("config.before-step-"))
+        .collect();
+    // The config of the steps before the resume, named by the step it resumed from.
+    assert_eq!(kept, [format!("config.before-step-{step:06}.toml")]);
+    assert_eq!(std::fs::read_to_string(run.join(&kept[0])).unwrap(), text);
+
+    // `latest` a directory, or `checkpoints` a file: an error naming the path and the fix.
+    std::fs::remove_file(run.join("checkpoints/latest")).unwrap();
+    std::fs::create_dir(run.join("checkpoints/latest")).unwrap();
+    let out = cairn(&["train", changed.to_str().unwrap(), "--steps", "4"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("checkpoints/latest")
+            && err.contains("is a directory")
+            && err.contains("--no-resume")
+            && !err.contains("os error"),
+        "{err}"
+    );
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("checkpoints"), "").unwrap();
+    let out = cairn(&[
+        "train",
+        changed.to_str().unwrap(),
+        "--run-dir",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("other/checkpoints") && err.contains("is a file") && !err.contains("os error"),
+        "{err}"
+    );
+}
