@@ -83,3 +83,8 @@ if [ ! -f "$UI_STAMP" ]; then
     (cd "$UI_DIR" && npm ci --quiet --no-audit --no-fund >/dev/null)
     touch "$UI_STAMP"
 fi
+
+# Every crate of Cargo.lock, for every target platform: `cargo build` downloads only the
+# host's, but the crate-graph test (kernel/tests/it/tidy.rs) reads `cargo metadata --offline`,
+# which needs all of them in the registry cache. Quick when they are already there.
+cargo fetch --locked --quiet

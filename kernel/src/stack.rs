@@ -7,19 +7,32 @@
 //!   plain);
 //! - **next_context**: asked of the members that set `turn_context`, in stack order; the first
 //!   answer other than `Keep` wins;
-//! - **signals**: the estimator's advantages; every member's auxiliary and teacher terms,
-//!   extra rows, dropped groups and metrics are merged (a stacked member sees the batch and
-//!   gives no advantages);
+//! - **signals**: the estimator's advantages, re-weighted by every member's credit arrays
+//!   (see below); every member's auxiliary and teacher terms, extra rows, dropped groups and
+//!   metrics are merged (a stacked member sees the batch and gives no advantages);
 //! - **observe**, **save_state**, **load_state**: every member (state is one JSON object keyed
 //!   by position and plugin name).
 //!
 //! [`Stack::new`] checks the composition: exactly one estimator, and it is the `[algorithm]`
 //! plugin; at most one planner; no stacked member giving advantages. So `edge` over `gigpo` is
 //! a config change, and no advantage code is copied into the stacked plugin.
+//!
+//! **Credit composition.** A member that re-routes or adds credit (ECHO's source-indexed
+//! credit, OPID's teacher advantages) gives [`Signals::advantage_scale`] and/or
+//! [`Signals::advantage_add`] (`[rows][L]`, over the batch's rows then its own extra rows);
+//! the estimator may give them too. Per token of a mask-1 slot the stack's advantage is
+//!
+//! `A_l = A^est_l · Π_m scale^m_l + Σ_m add^m_l`
+//!
+//! over the members `m` that gave each array (a member without one contributes 1 and 0), in
+//! f64, rounded once to f32. Mask-0 slots keep the estimator's value. The stack's answer
+//! carries these final advantages and leaves `advantage_scale` / `advantage_add` empty, so
+//! nothing downstream applies them twice. A member's arrays of the wrong shape, or holding a
+//! non-finite value on a mask-1 token, are an error naming the plugin.
 
 use cairn_plugin_sdk::{
     Algorithm, Batch, ContextVariant, GroupRequest, Host, PluginError, Requirements, Role, Signals,
-    StepReport, TurnContext, TurnContextRequest,
+    StepReport, TurnContext, TurnContextRequest, TurnRow,
 };
 
 /// A member of a stack: the plugin's name (for errors and state), its requirements, the
@@ -129,6 +142,113 @@ impl Stack {
     }
 }
 
+/// Checks one member's `advantage_scale` or `advantage_add` (`what`): empty, or one `[L]`
+/// vector per row of `rows` (the batch's rows, `base` of them, then the member's own extra
+/// rows), finite on every mask-1 token. Errors name the plugin.
+fn check_credit(
+    name: &str,
+    what: &str,
+    values: &[Vec<f32>],
+    rows: &[&TurnRow],
+    base: usize,
+) -> cairn_plugin_sdk::Result<()> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    if values.len() != rows.len() {
+        return Err(PluginError::input(format!(
+            "plugin `{name}`: {what} has {} rows but the batch has {base} rows and the plugin \
+             {} extra rows; give one [L] vector per batch row then per own extra row (or none)",
+            values.len(),
+            rows.len() - base
+        )));
+    }
+    for (i, (v, row)) in values.iter().zip(rows).enumerate() {
+        if v.len() != row.response_ids.len() {
+            return Err(PluginError::input(format!(
+                "plugin `{name}`: {what}: row {i} has {} values but {} response tokens",
+                v.len(),
+                row.response_ids.len()
+            )));
+        }
+        let trainable = |l: usize| row.response_mask.get(l) == Some(&1);
+        if let Some(l) = (0..v.len()).find(|&l| trainable(l) && !v[l].is_finite()) {
+            return Err(PluginError::input(format!(
+                "plugin `{name}`: {what}: row {i}, token {l} is {} on a trainable token \
+                 (mask 1); give a finite value",
+                v[l]
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The members' credit arrays merged over the stack's rows (the batch's, then every member's
+/// extra rows in stack order): `Π_m scale^m` and `Σ_m add^m` per token, in f64. `None` until a
+/// member gives that array, so a stack without credit arrays leaves the advantages untouched.
+#[derive(Default)]
+struct Credit {
+    scale: Option<Vec<Vec<f64>>>,
+    add: Option<Vec<Vec<f64>>>,
+}
+
+impl Credit {
+    /// Folds in one member's arrays. Their rows are the batch's (`base` of them) then the
+    /// member's own extra rows, which sit at `base + shift ..` among the stack's rows; `lens`
+    /// is the response length of every stack row merged so far (the member's included).
+    fn merge(
+        &mut self,
+        scale: Vec<Vec<f32>>,
+        add: Vec<Vec<f32>>,
+        base: usize,
+        shift: usize,
+        lens: &[usize],
+    ) {
+        let fold = |acc: &mut Option<Vec<Vec<f64>>>,
+                    values: Vec<Vec<f32>>,
+                    identity: f64,
+                    op: fn(f64, f64) -> f64| {
+            if let Some(acc) = acc.as_mut() {
+                acc.extend(lens[acc.len()..].iter().map(|&l| vec![identity; l]));
+            }
+            if values.is_empty() {
+                return;
+            }
+            let acc = acc.get_or_insert_with(|| lens.iter().map(|&l| vec![identity; l]).collect());
+            for (i, v) in values.into_iter().enumerate() {
+                let j = if i < base { i } else { i + shift };
+                for (a, x) in acc[j].iter_mut().zip(v) {
+                    *a = op(*a, f64::from(x));
+                }
+            }
+        };
+        fold(&mut self.scale, scale, 1.0, |a, x| a * x);
+        fold(&mut self.add, add, 0.0, |a, x| a + x);
+    }
+
+    /// `A_l ← A_l · Π scale_l + Σ add_l` on the mask-1 tokens of `rows`.
+    fn apply(&self, rows: &[&TurnRow], advantages: &mut [Vec<f32>]) {
+        if self.scale.is_none() && self.add.is_none() {
+            return;
+        }
+        let at = |acc: &Option<Vec<Vec<f64>>>, r: usize, l: usize, identity: f64| {
+            acc.as_ref()
+                .and_then(|a| a.get(r))
+                .and_then(|a| a.get(l))
+                .copied()
+                .unwrap_or(identity)
+        };
+        for (r, (row, adv)) in rows.iter().zip(advantages.iter_mut()).enumerate() {
+            for (l, a) in adv.iter_mut().enumerate() {
+                if row.response_mask.get(l) == Some(&1) {
+                    let (s, d) = (at(&self.scale, r, l, 1.0), at(&self.add, r, l, 0.0));
+                    *a = (f64::from(*a) * s + d) as f32;
+                }
+            }
+        }
+    }
+}
+
 /// What the pipeline must provide for a whole stack: every member's needs.
 fn union<'a>(all: impl Iterator<Item = &'a Requirements>) -> Requirements {
     let mut out = Requirements::default();
@@ -206,6 +326,18 @@ impl Algorithm for Stack {
                 self.members[0].name
             )));
         }
+        let base = batch.rows.len();
+        let mut credit = Credit::default();
+        {
+            let name = &self.members[0].name;
+            let scale = std::mem::take(&mut out.advantage_scale);
+            let add = std::mem::take(&mut out.advantage_add);
+            let rows: Vec<&TurnRow> = batch.rows.iter().chain(&out.extra_rows).collect();
+            check_credit(name, "advantage_scale", &scale, &rows, base)?;
+            check_credit(name, "advantage_add", &add, &rows, base)?;
+            let lens: Vec<usize> = rows.iter().map(|r| r.response_ids.len()).collect();
+            credit.merge(scale, add, base, 0, &lens);
+        }
         for i in 1..self.members.len() {
             let s = self.members[i]
                 .algorithm
@@ -219,10 +351,18 @@ impl Algorithm for Stack {
                     self.members[0].name
                 )));
             }
+            let member_rows: Vec<&TurnRow> = batch.rows.iter().chain(&s.extra_rows).collect();
+            check_credit(
+                name,
+                "advantage_scale",
+                &s.advantage_scale,
+                &member_rows,
+                base,
+            )?;
+            check_credit(name, "advantage_add", &s.advantage_add, &member_rows, base)?;
             // Row indices of a member's terms count its own extra rows after the batch's:
             // shift them past the extra rows already merged.
             let shift = out.extra_rows.len();
-            let base = batch.rows.len();
             let remap = |row: usize| if row >= base { row + shift } else { row };
             for existing in &mut out.aux {
                 existing
@@ -252,6 +392,13 @@ impl Algorithm for Stack {
             out.advantages
                 .extend(s.extra_rows.iter().map(|r| vec![0.0; r.response_ids.len()]));
             out.extra_rows.extend(s.extra_rows);
+            let lens: Vec<usize> = batch
+                .rows
+                .iter()
+                .chain(&out.extra_rows)
+                .map(|r| r.response_ids.len())
+                .collect();
+            credit.merge(s.advantage_scale, s.advantage_add, base, shift, &lens);
             for g in s.dropped_groups {
                 if !out.dropped_groups.contains(&g) {
                     out.dropped_groups.push(g);
@@ -259,6 +406,8 @@ impl Algorithm for Stack {
             }
             out.metrics.extend(s.metrics);
         }
+        let rows: Vec<&TurnRow> = batch.rows.iter().chain(&out.extra_rows).collect();
+        credit.apply(&rows, &mut out.advantages);
         Ok(out)
     }
 
@@ -555,6 +704,212 @@ mod tests {
         assert!(
             e.message
                 .starts_with("plugin `bad` is stacked on `grpo` but returned advantages"),
+            "{e}"
+        );
+    }
+
+    /// A stacked member that gives only credit arrays (and optionally one extra row).
+    struct Credits {
+        scale: Vec<Vec<f32>>,
+        add: Vec<Vec<f32>>,
+        extra_row: bool,
+    }
+
+    impl Algorithm for Credits {
+        fn requirements(&self) -> Requirements {
+            Requirements {
+                role: Role::Auxiliary,
+                ..Default::default()
+            }
+        }
+        fn signals(
+            &mut self,
+            batch: &Batch,
+            _host: &dyn Host,
+        ) -> cairn_plugin_sdk::Result<Signals> {
+            let mut s = Signals {
+                advantage_scale: self.scale.clone(),
+                advantage_add: self.add.clone(),
+                ..Default::default()
+            };
+            if self.extra_row {
+                s.extra_rows.push(batch.rows[0].clone());
+            }
+            Ok(s)
+        }
+    }
+
+    fn credits(name: &str, scale: Vec<Vec<f32>>, add: Vec<Vec<f32>>, extra_row: bool) -> Member {
+        member_of(
+            name,
+            Credits {
+                scale,
+                add,
+                extra_row,
+            },
+        )
+    }
+
+    fn member_of(name: &str, algorithm: impl Algorithm + 'static) -> Member {
+        Member {
+            name: name.into(),
+            requirements: algorithm.requirements(),
+            algorithm: Box::new(algorithm),
+        }
+    }
+
+    /// An estimator with fixed advantages (and optional credit arrays of its own).
+    struct Fixed(Signals);
+
+    impl Algorithm for Fixed {
+        fn signals(
+            &mut self,
+            _batch: &Batch,
+            _host: &dyn Host,
+        ) -> cairn_plugin_sdk::Result<Signals> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[test]
+    fn credit_arrays_compose_as_estimator_times_scales_plus_adds() {
+        // A^est = 0.8 everywhere; ECHO-like scale 1.5 on token 1 of row 0 and token 0 of row
+        // 1; OPID-like add 0.2 on every token of row 0; a second scale 2.0 on row 1 token 1.
+        let b = batch();
+        let mut stack = Stack::new(vec![
+            member_of(
+                "grpo",
+                Fixed(Signals {
+                    advantages: vec![vec![0.8, 0.8], vec![0.8, 0.8]],
+                    ..Default::default()
+                }),
+            ),
+            credits("echo", vec![vec![1.0, 1.5], vec![1.5, 1.0]], vec![], false),
+            credits("opid", vec![], vec![vec![0.2, 0.2], vec![0.0, 0.0]], false),
+            credits("other", vec![vec![1.0, 1.0], vec![1.0, 2.0]], vec![], false),
+        ])
+        .unwrap();
+        let s = stack.signals(&b, &OfflineHost::default()).unwrap();
+        s.validate_against(&b).unwrap();
+        // Row 0: 0.8·1 + 0.2 = 1.0, 0.8·1.5 + 0.2 = 1.4; row 1: 0.8·1.5 = 1.2, 0.8·2 = 1.6.
+        assert_eq!(s.advantages, vec![vec![1.0, 1.4], vec![1.2, 1.6]]);
+        assert!(s.advantage_scale.is_empty() && s.advantage_add.is_empty());
+
+        // The add is not scaled by a later member's scale, and mask-0 slots keep A^est.
+        let mut masked = batch();
+        masked.rows[0].response_mask = vec![1, 0];
+        let mut stack = Stack::new(vec![
+            member_of(
+                "grpo",
+                Fixed(Signals {
+                    advantages: vec![vec![0.8, 0.8], vec![-0.5, -0.5]],
+                    ..Default::default()
+                }),
+            ),
+            credits("opid", vec![], vec![vec![0.2, 0.2], vec![0.1, 0.1]], false),
+            credits(
+                "echo",
+                vec![vec![1.5, f32::NAN], vec![3.0, 0.0]],
+                vec![],
+                false,
+            ),
+        ])
+        .unwrap();
+        let s = stack.signals(&masked, &OfflineHost::default()).unwrap();
+        assert_eq!(s.advantages[0], vec![1.4, 0.8]);
+        assert_eq!(s.advantages[1], vec![-1.4, 0.1]);
+    }
+
+    #[test]
+    fn the_estimator_may_give_credit_arrays_and_extra_rows_shift() {
+        let b = batch();
+        // The estimator's own scale; a stacked member with an extra row whose arrays cover
+        // the batch rows then that extra row; another member before it adds an extra row too.
+        let mut stack = Stack::new(vec![
+            member_of(
+                "est",
+                Fixed(Signals {
+                    advantages: vec![vec![1.0, 1.0], vec![2.0, 2.0]],
+                    advantage_scale: vec![vec![0.5, 1.0], vec![1.0, 1.0]],
+                    ..Default::default()
+                }),
+            ),
+            credits(
+                "first",
+                vec![],
+                vec![vec![0.0, 0.0], vec![0.0, 0.0], vec![7.0, 7.0]],
+                true,
+            ),
+            credits(
+                "second",
+                vec![vec![1.0, 1.0], vec![1.0, 3.0], vec![1.0, 1.0]],
+                vec![vec![0.0, 0.0], vec![0.0, 0.0], vec![0.25, 0.5]],
+                true,
+            ),
+        ])
+        .unwrap();
+        let s = stack.signals(&b, &OfflineHost::default()).unwrap();
+        s.validate_against(&b).unwrap();
+        assert_eq!(s.extra_rows.len(), 2);
+        assert_eq!(
+            s.advantages,
+            vec![
+                vec![0.5, 1.0],
+                vec![2.0, 6.0],
+                // The first member's extra row: 0 · 1 + 7.
+                vec![7.0, 7.0],
+                // The second member's extra row, shifted past the first's: 0 · 1 + add.
+                vec![0.25, 0.5],
+            ]
+        );
+    }
+
+    #[test]
+    fn credit_arrays_of_the_wrong_shape_or_not_finite_are_errors_naming_the_plugin() {
+        let run = |m: Member| {
+            let mut stack = Stack::new(vec![member("grpo", estimator()), m]).unwrap();
+            stack
+                .signals(&batch(), &OfflineHost::default())
+                .unwrap_err()
+                .message
+        };
+        let e = run(credits("echo", vec![vec![1.0, 1.0]], vec![], false));
+        assert!(
+            e.starts_with(
+                "plugin `echo`: advantage_scale has 1 rows but the batch has 2 rows and the \
+                 plugin 0 extra rows"
+            ),
+            "{e}"
+        );
+        let e = run(credits(
+            "opid",
+            vec![],
+            vec![vec![0.1], vec![0.1, 0.1]],
+            false,
+        ));
+        assert_eq!(
+            e,
+            "plugin `opid`: advantage_add: row 0 has 1 values but 2 response tokens"
+        );
+        // A member with an extra row must cover it too.
+        let e = run(credits(
+            "ucob",
+            vec![],
+            vec![vec![0.0, 0.0], vec![0.0, 0.0]],
+            true,
+        ));
+        assert!(
+            e.contains("advantage_add has 2 rows but the batch has 2 rows and the plugin 1"),
+            "{e}"
+        );
+        let e = run(credits(
+            "echo",
+            vec![vec![1.0, f32::INFINITY], vec![1.0, 1.0]],
+            vec![],
+            false,
+        ));
+        assert!(
+            e.starts_with("plugin `echo`: advantage_scale: row 0, token 1 is inf on a trainable"),
             "{e}"
         );
     }

@@ -138,7 +138,13 @@ pub enum TurnContext {
     Variant { variant: ContextVariant },
     /// The whole prompt, as ids (e.g. ECHO's reconstructed context, from
     /// [`Host::render_prompt`]). Used for this turn only; the row records it as its prompt.
-    Prompt { prompt_ids: Vec<u32> },
+    Prompt {
+        prompt_ids: Vec<u32>,
+        /// Recorded on the turn's row as `extra` entries (e.g. ECHO's selected record ids), so
+        /// `signals` can read what this prompt was built from. A JSON object; may be absent.
+        #[serde(default)]
+        extra: serde_json::Map<String, serde_json::Value>,
+    },
 }
 
 /// What happened in a step, given to [`Algorithm::observe`] once the update is done.

@@ -3,9 +3,10 @@
 //! The bank is the kernel's persistent store of text knowledge used as a training-time
 //! scaffold: experiences, skills, scaffolds, evidence cards and memory records. Each entry has
 //! provenance (who wrote it, from which trajectories, at which step and policy version) and
-//! utility statistics that plugins update. No SQL crosses the ABI: plugins query, put, update
-//! and retire entries with these types, and the kernel stores them (SQLite in the run
-//! directory, checkpointed with the run).
+//! utility statistics that plugins update. An entry may be scoped to one trajectory (memory
+//! records always are): only a query naming that trajectory sees it. No SQL crosses the ABI:
+//! plugins query, put, update and retire entries with these types, and the kernel stores them
+//! (SQLite in the run directory, checkpointed with the run).
 
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +23,8 @@ pub enum EntryKind {
     Scaffold,
     /// Evidence distilled from a rollout group (Pats' evidence cards).
     EvidenceCard,
-    /// A memory record of a turn or trajectory (ECHO).
+    /// A memory record of one turn of one trajectory (ECHO); always scoped to its trajectory
+    /// ([`NewEntry::trajectory_id`]).
     MemoryRecord,
 }
 
@@ -128,6 +130,9 @@ pub struct BankEntry {
     pub trigger: Option<String>,
     /// The task this entry is specific to; `None`: general.
     pub task_id: Option<String>,
+    /// The one trajectory this entry belongs to (ECHO's memory records); `None`: not scoped.
+    /// A scoped entry is returned only to a [`BankQuery`] that names its trajectory.
+    pub trajectory_id: Option<u64>,
     /// Version of this entry's lineage, from 1; `parent` is the entry it revises.
     pub version: u32,
     pub parent: Option<u64>,
@@ -146,6 +151,7 @@ impl Default for BankEntry {
             text: String::new(),
             trigger: None,
             task_id: None,
+            trajectory_id: None,
             version: 1,
             parent: None,
             status: EntryStatus::default(),
@@ -164,6 +170,11 @@ pub struct NewEntry {
     pub text: String,
     pub trigger: Option<String>,
     pub task_id: Option<String>,
+    /// Scopes the entry to one trajectory (the rows' `trajectory_id`, unique within a run):
+    /// only a query naming that trajectory returns it. Required for
+    /// [`EntryKind::MemoryRecord`], whose put fails without it, so a memory record is never
+    /// shared across trajectories or tasks.
+    pub trajectory_id: Option<u64>,
     /// The entry this one revises (its version is then the parent's + 1).
     pub parent: Option<u64>,
     pub status: EntryStatus,
@@ -173,8 +184,8 @@ pub struct NewEntry {
 }
 
 /// A retrieval query: top-`k` entries ranked by BM25 relevance of `text` to the entry texts
-/// (and triggers), filtered by kind, task and status. An empty `text` returns the newest
-/// matching entries.
+/// (and triggers), filtered by kind, task, trajectory and status. An empty `text` returns the
+/// newest matching entries.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BankQuery {
@@ -185,6 +196,10 @@ pub struct BankQuery {
     /// Only entries for this task, plus general ones when `include_general`.
     pub task_id: Option<String>,
     pub include_general: bool,
+    /// `Some(t)`: only the entries scoped to trajectory `t` ([`NewEntry::trajectory_id`]);
+    /// `None`: only unscoped entries. A trajectory's entries (memory records) are therefore
+    /// never returned to a query that does not name it.
+    pub trajectory_id: Option<u64>,
     /// Only these statuses (empty: active and under test).
     pub statuses: Vec<EntryStatus>,
 }
@@ -197,6 +212,7 @@ impl Default for BankQuery {
             kinds: Vec::new(),
             task_id: None,
             include_general: true,
+            trajectory_id: None,
             statuses: Vec::new(),
         }
     }
@@ -243,4 +259,36 @@ pub struct ReflectionRequest {
     pub status: EntryStatus,
     /// Plugin data copied onto the entry's `extra`.
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bank types cross the ABI as JSON (`Host::call_json`): the trajectory scope travels
+    /// in it, and JSON written without it (an older writer) reads as unscoped.
+    #[test]
+    fn the_trajectory_scope_crosses_as_json_and_defaults_to_none() {
+        let put = NewEntry {
+            kind: EntryKind::MemoryRecord,
+            text: "[0] search[iron] => 26".into(),
+            trajectory_id: Some(17),
+            ..NewEntry::default()
+        };
+        let text = serde_json::to_string(&put).unwrap();
+        assert!(text.contains(r#""trajectory_id":17"#), "{text}");
+        assert_eq!(serde_json::from_str::<NewEntry>(&text).unwrap(), put);
+        let query = BankQuery {
+            trajectory_id: Some(17),
+            ..BankQuery::default()
+        };
+        let text = serde_json::to_string(&query).unwrap();
+        assert_eq!(serde_json::from_str::<BankQuery>(&text).unwrap(), query);
+        let old: BankQuery = serde_json::from_str(r#"{"text": "iron", "k": 3}"#).unwrap();
+        assert_eq!((old.trajectory_id, old.k), (None, 3));
+        let old: BankEntry = serde_json::from_str(r#"{"id": 4, "text": "x"}"#).unwrap();
+        assert_eq!(old.trajectory_id, None);
+        let old: NewEntry = serde_json::from_str(r#"{"text": "x"}"#).unwrap();
+        assert_eq!(old.trajectory_id, None);
+    }
 }

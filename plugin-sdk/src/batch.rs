@@ -227,6 +227,17 @@ pub struct Signals {
     /// batch's responses. Entries on mask-0 tokens are ignored. Empty: no advantages (what a
     /// stacked planner or auxiliary plugin returns; the estimator must give them).
     pub advantages: Vec<Vec<f32>>,
+    /// Per-token factors on the estimator's advantages, `[rows][L]` (empty: none). A stacked
+    /// plugin that re-routes credit (ECHO's source-indexed credit) gives these instead of
+    /// advantages. The stack's final advantage is
+    /// `A_l = A^est_l · Π_m scale^m_l + Σ_m add^m_l` over its members `m` (mask-1 tokens; the
+    /// estimator may give them too); the stack's answer carries the composed advantages and
+    /// leaves both arrays empty. Rows: `batch.rows` then this plugin's own extra rows.
+    pub advantage_scale: Vec<Vec<f32>>,
+    /// Per-token terms added to the estimator's advantages, `[rows][L]` (empty: none), e.g.
+    /// OPID's weighted teacher advantages `w · (ℓ^T − ℓ_old)`. See
+    /// [`Signals::advantage_scale`] for the composition.
+    pub advantage_add: Vec<Vec<f32>>,
     /// Auxiliary log-prob terms (C).
     pub aux: Vec<AuxTerm>,
     /// Teacher-target terms (distillation toward a teacher distribution), with live gradients
@@ -234,7 +245,11 @@ pub struct Signals {
     pub teacher: Vec<TeacherTerm>,
     /// Rows trained in addition to the batch's (auxiliary rows: a response trained under a
     /// context it was not sampled with, via [`TurnRow::train_prompt_ids`]). Per-token arrays of
-    /// this `Signals` cover `batch.rows` followed by these rows.
+    /// this `Signals` cover `batch.rows` followed by these rows. An extra row takes no part in
+    /// the clipped surrogate, the KL or the entropy term and does not count in their
+    /// normalisers: only the aux and teacher terms that target it train it (its `advantages`
+    /// entries are never read; give zeros). The kernel fills its `old_logprobs` under its
+    /// training prompt.
     pub extra_rows: Vec<TurnRow>,
     /// Groups the plugin drops from this step (dynamic sampling); their rows are not trained on.
     pub dropped_groups: Vec<u64>,
@@ -250,8 +265,14 @@ impl Signals {
         for (i, row) in self.extra_rows.iter().enumerate() {
             row.validate(batch.rows.len() + i)?;
         }
-        if !self.advantages.is_empty() {
-            check_shape("advantages", &self.advantages, &rows)?;
+        for (what, values) in [
+            ("advantages", &self.advantages),
+            ("advantage_scale", &self.advantage_scale),
+            ("advantage_add", &self.advantage_add),
+        ] {
+            if !values.is_empty() {
+                check_shape(what, values, &rows)?;
+            }
         }
         for term in &self.aux {
             check_shape(
@@ -299,6 +320,10 @@ pub enum TeacherForm {
     /// Reverse KL on the teacher's top-k support: both distributions renormalised over the
     /// teacher's `k` ids, per token `w · Σ_v p^S(v) (log p^S(v) − log p^T(v))`.
     TopKReverseKl { k: u32 },
+    /// Forward KL on the teacher's top-k support (UCOB's top-k OPD, github TU2021/UCOB,
+    /// `sdar_utils.py`): both renormalised over the teacher's `k` ids, per token
+    /// `w · Σ_v p^T(v) (log p^T(v) − log p^S(v))`, whose gradient is `−w Σ_v p^T(v) ∇log p^S(v)`.
+    TopKForwardKl { k: u32 },
 }
 
 /// Where a row's teacher log-probs come from.
@@ -370,7 +395,9 @@ impl TeacherTerm {
             } = &t.source
             {
                 let k = match self.form {
-                    TeacherForm::TopKReverseKl { k } => k as usize,
+                    TeacherForm::TopKReverseKl { k } | TeacherForm::TopKForwardKl { k } => {
+                        k as usize
+                    }
                     TeacherForm::SampledReverseKl => 0,
                 };
                 if (k == 0 && logprobs.len() != l)

@@ -290,6 +290,8 @@ pub struct FfiMetric {
 #[derive(Clone, Debug, StableAbi)]
 pub struct FfiSignals {
     pub advantages: RVec<RVec<f32>>,
+    pub advantage_scale: RVec<RVec<f32>>,
+    pub advantage_add: RVec<RVec<f32>>,
     pub aux: RVec<FfiAuxTerm>,
     pub teacher: RVec<FfiTeacherTerm>,
     pub extra_rows: RVec<FfiTurnRow>,
@@ -409,6 +411,8 @@ impl From<Signals> for FfiSignals {
     fn from(s: Signals) -> Self {
         FfiSignals {
             advantages: nested_to_ffi(s.advantages),
+            advantage_scale: nested_to_ffi(s.advantage_scale),
+            advantage_add: nested_to_ffi(s.advantage_add),
             aux: s
                 .aux
                 .into_iter()
@@ -438,6 +442,8 @@ impl TryFrom<FfiSignals> for Signals {
     fn try_from(s: FfiSignals) -> Result<Self, PluginError> {
         Ok(Signals {
             advantages: nested_from_ffi(s.advantages),
+            advantage_scale: nested_from_ffi(s.advantage_scale),
+            advantage_add: nested_from_ffi(s.advantage_add),
             aux: s
                 .aux
                 .into_iter()
@@ -626,6 +632,67 @@ pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abi_3_signals_cross_the_ffi_unchanged() {
+        use crate::{TeacherForm, TeacherSource, TeacherTarget, TeacherTerm, TurnRow};
+        let extra = TurnRow {
+            response_ids: vec![4, 5],
+            response_logprobs: vec![-0.5, -1.0],
+            response_mask: vec![1, 1],
+            train_prompt_ids: Some(vec![9]),
+            ..TurnRow::default()
+        };
+        let signals = Signals {
+            advantages: vec![vec![0.8, 0.8], vec![0.0, 0.0]],
+            advantage_scale: vec![vec![1.5, 1.0], vec![1.0, 1.0]],
+            advantage_add: vec![vec![0.2, -0.1], vec![0.0, 0.3]],
+            teacher: vec![TeacherTerm {
+                name: "opd".into(),
+                coef: 0.5,
+                form: TeacherForm::TopKForwardKl { k: 1 },
+                targets: vec![TeacherTarget {
+                    row: 1,
+                    weights: vec![1.0, 0.5],
+                    source: TeacherSource::Fixed {
+                        logprobs: vec![],
+                        top_ids: vec![7, 8],
+                        top_logprobs: vec![-0.1, -0.2],
+                    },
+                }],
+            }],
+            extra_rows: vec![extra],
+            ..Signals::default()
+        };
+        let back = Signals::try_from(FfiSignals::from(signals.clone())).unwrap();
+        assert_eq!(back, signals);
+    }
+
+    #[test]
+    fn a_turn_contexts_prompt_extra_crosses_as_json_and_may_be_absent() {
+        use crate::TurnContext;
+        let mut extra = serde_json::Map::new();
+        extra.insert("echo_records".into(), serde_json::json!([2, 0]));
+        let prompt = TurnContext::Prompt {
+            prompt_ids: vec![1, 2],
+            extra,
+        };
+        let json = serde_json::to_string(&prompt).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"prompt","prompt_ids":[1,2],"extra":{"echo_records":[2,0]}}"#
+        );
+        assert_eq!(serde_json::from_str::<TurnContext>(&json).unwrap(), prompt);
+        let bare: TurnContext =
+            serde_json::from_str(r#"{"kind":"prompt","prompt_ids":[3]}"#).unwrap();
+        assert_eq!(
+            bare,
+            TurnContext::Prompt {
+                prompt_ids: vec![3],
+                extra: Default::default()
+            }
+        );
+    }
 
     #[test]
     fn root_module_symbol_matches_abi_stable() {

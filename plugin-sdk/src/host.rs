@@ -93,15 +93,24 @@ pub struct RenderRequest {
 }
 
 impl RenderRequest {
-    /// The prompt `row`'s observation (text and anchor, no history) gets under `variant`: the
-    /// context of a live teacher that scores the row's own response with the knowledge the
-    /// row's slot did not see (EDGE's, Pats' and the hint plugin's distillation).
+    /// The prompt `row`'s observation (text, anchor and the tool schemas it offered, no
+    /// history) gets under `variant`: the context of a live teacher that scores the row's own
+    /// response with the knowledge the row's slot did not see (EDGE's, Pats' and the hint
+    /// plugin's distillation). The tool schemas come from the row's `extra.tools`, where the
+    /// kernel's rollout records them, so with the row's own variant this renders the row's
+    /// prompt exactly (for rows of the kernel's own prompt builder, without a per-turn prompt
+    /// override); `variant.tools_enabled` decides whether the prompt shows them.
     pub fn for_row(variant: ContextVariant, row: &TurnRow) -> RenderRequest {
+        let tools = match row.extra.get("tools") {
+            Some(serde_json::Value::Array(tools)) => tools.clone(),
+            _ => Vec::new(),
+        };
         RenderRequest {
             variant,
             observation: Observation {
                 text: row.observation.clone(),
                 anchor: row.anchor.clone(),
+                tools,
                 ..Observation::default()
             },
             history: Vec::new(),

@@ -49,4 +49,4 @@ pub use host::{
 
 /// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type in [`ffi`]; the
 /// host refuses plugins built for another number.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;

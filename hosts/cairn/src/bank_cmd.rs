@@ -1,7 +1,8 @@
 //! `cairn bank list|show|export RUN_DIR`: inspect a run's experience bank
 //! (`RUN_DIR/bank.sqlite`), or a checkpoint's copy (`RUN_DIR/checkpoints/step-N`, which holds
 //! a `bank.sqlite` too). Read-only: the bank is opened without write access, so this is safe
-//! while the run trains.
+//! while the run trains. Trajectory-scoped entries (ECHO's memory records) are listed like any
+//! other, with their trajectory; `--trajectory ID` shows one trajectory's.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,8 @@ const LIST_TEXT_CHARS: usize = 60;
 
 #[derive(Subcommand)]
 pub enum BankCommand {
-    /// One line per entry: id, kind, status, version, utility EMA, exposures, text start.
+    /// One line per entry: id, kind, status, version, utility EMA, exposures, (trajectory,)
+    /// text start.
     List {
         /// A run directory (or a checkpoint directory).
         run_dir: PathBuf,
@@ -55,6 +57,13 @@ pub struct FilterArgs {
     /// Only this status (repeatable): active | under_test | retired.
     #[arg(long = "status", value_parser = parse_status)]
     statuses: Vec<EntryStatus>,
+    /// Only the entries scoped to this trajectory (its memory records; the trajectory ids of
+    /// the data pool, `cairn pool`).
+    #[arg(long = "trajectory", value_name = "ID")]
+    trajectory: Option<u64>,
+    /// Only the entries for this task (general entries excluded).
+    #[arg(long = "task", value_name = "TASK")]
+    task: Option<String>,
 }
 
 impl FilterArgs {
@@ -62,7 +71,8 @@ impl FilterArgs {
         EntryFilter {
             kinds: self.kinds.clone(),
             statuses: self.statuses.clone(),
-            task_id: None,
+            task_id: self.task.clone(),
+            trajectory_id: self.trajectory,
         }
     }
 }
@@ -184,22 +194,36 @@ fn one_line(text: &str, chars: usize) -> String {
     }
 }
 
+/// The listing; a `trajectory` column (`-` for an unscoped entry) appears when any listed
+/// entry is scoped to a trajectory.
 fn render_list(entries: &[BankEntry]) -> String {
+    let scoped = entries.iter().any(|e| e.trajectory_id.is_some());
     let mut out = format!(
-        "{:>6}  {:<13}  {:<10}  {:>3}  {:>8}  {:>9}  text\n",
+        "{:>6}  {:<13}  {:<10}  {:>3}  {:>8}  {:>9}  ",
         "id", "kind", "status", "ver", "utility", "exposures"
     );
+    if scoped {
+        out.push_str(&format!("{:>10}  ", "trajectory"));
+    }
+    out.push_str("text\n");
     for e in entries {
         out.push_str(&format!(
-            "{:>6}  {:<13}  {:<10}  {:>3}  {:>8.3}  {:>9}  {}\n",
+            "{:>6}  {:<13}  {:<10}  {:>3}  {:>8.3}  {:>9}  ",
             e.id,
             e.kind.as_str(),
             e.status.as_str(),
             e.version,
             e.stats.utility_ema,
             e.stats.exposures,
-            one_line(&e.text, LIST_TEXT_CHARS)
         ));
+        if scoped {
+            let t = e
+                .trajectory_id
+                .map_or_else(|| "-".into(), |t| t.to_string());
+            out.push_str(&format!("{t:>10}  "));
+        }
+        out.push_str(&one_line(&e.text, LIST_TEXT_CHARS));
+        out.push('\n');
     }
     out
 }
@@ -223,6 +247,12 @@ fn render_entry(e: &BankEntry) -> String {
         "task",
         e.task_id.clone().unwrap_or_else(|| "(general)".into()),
     );
+    if let Some(t) = e.trajectory_id {
+        line(
+            "trajectory",
+            format!("{t} (scoped: only its own queries see it)"),
+        );
+    }
     line(
         "trigger",
         e.trigger.clone().unwrap_or_else(|| "(none)".into()),
@@ -290,6 +320,7 @@ mod tests {
             text: "open the fridge\nthen take the apple".into(),
             trigger: Some("fridge".into()),
             task_id: Some("cool-3".into()),
+            trajectory_id: None,
             parent: Some(1),
             status: EntryStatus::UnderTest,
             provenance: Provenance {
@@ -358,6 +389,82 @@ mod tests {
              text\n\
              \x20 open the fridge\n\
              \x20 then take the apple\n"
+        );
+    }
+
+    /// Two memory records of trajectory 17 and one of trajectory 18, after an experience.
+    fn with_records() -> Bank {
+        let mut bank = Bank::in_memory().unwrap();
+        let record = |trajectory: u64, idx: u32, text: &str| {
+            let mut extra = serde_json::Map::new();
+            extra.insert("idx".into(), idx.into());
+            NewEntry {
+                kind: EntryKind::MemoryRecord,
+                text: text.into(),
+                task_id: Some("iron-1".into()),
+                trajectory_id: Some(trajectory),
+                extra,
+                ..Default::default()
+            }
+        };
+        bank.put(
+            &[
+                NewEntry {
+                    text: "search before answering".into(),
+                    ..Default::default()
+                },
+                record(17, 0, "[0] search[iron] => Iron: atomic number 26"),
+                record(17, 1, "[1] search[iron discovery] => known since antiquity"),
+                record(18, 0, "[0] search[gold] => Gold: atomic number 79"),
+            ],
+            &Provenance {
+                step: 3,
+                policy_version: 3,
+                source_trajectories: vec![],
+                writer: "grpo+echo".into(),
+            },
+        )
+        .unwrap();
+        bank
+    }
+
+    #[test]
+    fn memory_records_list_with_their_trajectory_and_filter_by_it() {
+        let bank = with_records();
+        let all = bank.list(&EntryFilter::default()).unwrap();
+        let lines: Vec<String> = render_list(&all).lines().map(String::from).collect();
+        assert_eq!(
+            lines,
+            [
+                "    id  kind           status      ver   utility  exposures  trajectory  text",
+                "     1  experience     active        1     0.000          0           -  \
+                 search before answering",
+                "     2  memory_record  active        1     0.000          0          17  \
+                 [0] search[iron] => Iron: atomic number 26",
+                "     3  memory_record  active        1     0.000          0          17  \
+                 [1] search[iron discovery] => known since antiquity",
+                "     4  memory_record  active        1     0.000          0          18  \
+                 [0] search[gold] => Gold: atomic number 79",
+            ]
+        );
+        let args = FilterArgs {
+            kinds: vec![EntryKind::MemoryRecord],
+            statuses: vec![],
+            trajectory: Some(17),
+            task: Some("iron-1".into()),
+        };
+        let ids: Vec<u64> = bank
+            .list(&args.filter())
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(ids, [2, 3]);
+        let shown = render_entry(&bank.get(4).unwrap().unwrap());
+        assert!(shown.contains("\ntrajectory          18 (scoped: only its own queries see it)\n"));
+        assert!(
+            shown.contains("\nextra               {\"idx\":0}\n"),
+            "{shown}"
         );
     }
 

@@ -538,7 +538,9 @@ impl OptimizerActor {
         Ok(metrics)
     }
 
-    /// `ℓ_old` (and `ℓ_ref`) of a plugin's extra rows, under their training prompts.
+    /// `ℓ_old` of a plugin's extra rows, under their training prompts. No `ℓ_ref`: an extra
+    /// row takes no part in the KL (nor in the surrogate), only in the aux and teacher terms
+    /// that target it, so no reference pass is spent on it.
     fn fill_extra_rows(&self, rows: &mut [TurnRow]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
@@ -547,12 +549,6 @@ impl OptimizerActor {
         let old = self.score_rows(rows, &all, Weights::Current)?;
         for (row, lp) in rows.iter_mut().zip(old) {
             row.old_logprobs = lp;
-        }
-        if self.needs_reference() {
-            let reference = self.score_rows(rows, &all, Weights::Reference)?;
-            for (row, lp) in rows.iter_mut().zip(reference) {
-                row.ref_logprobs = lp;
-            }
         }
         Ok(())
     }

@@ -66,6 +66,7 @@ struct Counts {
     timeouts: u64,
     errors: u64,
     queue_full: u64,
+    reasked: u64,
 }
 
 /// See the module docs.
@@ -124,12 +125,17 @@ impl SkillCreatorActor {
     }
 
     /// Records the end of one reflection.
-    fn settle(&mut self, ticket: u64, outcome: std::result::Result<Vec<u64>, ReflectionFailure>) {
+    fn settle(
+        &mut self,
+        ticket: u64,
+        outcome: std::result::Result<(Vec<u64>, u32), ReflectionFailure>,
+    ) {
         self.pending = self.pending.saturating_sub(1);
         match outcome {
-            Ok(ids) => {
-                tracing::debug!(ticket, entries = ids.len(), "reflection written");
+            Ok((ids, reasked)) => {
+                tracing::debug!(ticket, entries = ids.len(), reasked, "reflection written");
                 self.counts.written += ids.len() as u64;
+                self.counts.reasked += u64::from(reasked);
                 self.new_entries.extend(ids);
             }
             Err(failure) => self.fail(ticket, failure),
@@ -138,6 +144,7 @@ impl SkillCreatorActor {
 
     fn fail(&mut self, ticket: u64, failure: ReflectionFailure) {
         tracing::warn!(ticket, reason = %failure, "reflection dropped");
+        self.counts.reasked += u64::from(failure.reasked);
         match failure.kind {
             FailureKind::Unparseable => self.counts.unparseable += 1,
             FailureKind::Timeout => self.counts.timeouts += 1,
@@ -201,18 +208,21 @@ impl Handler<Reflect> for SkillCreatorActor {
                         return Err(ReflectionFailure::error(format!("reflector thread: {e}")))
                     }
                 };
+                let reasked = draft.reasked;
                 let put = PutEntries {
                     entries: vec![new_entry(request, draft, &origin, ticket)],
                     step: origin.step,
                     policy_version: origin.policy_version,
                     writer: origin.writer,
                 };
+                let failed = |reason: String| ReflectionFailure {
+                    reasked,
+                    ..ReflectionFailure::error(reason)
+                };
                 match bank.send(put).await {
-                    Ok(Ok(ids)) => Ok(ids),
-                    Ok(Err(e)) => Err(ReflectionFailure::error(format!(
-                        "writing the entry to the bank: {e}"
-                    ))),
-                    Err(e) => Err(ReflectionFailure::error(format!("bank actor: {e}"))),
+                    Ok(Ok(ids)) => Ok((ids, reasked)),
+                    Ok(Err(e)) => Err(failed(format!("writing the entry to the bank: {e}"))),
+                    Err(e) => Err(failed(format!("bank actor: {e}"))),
                 }
             };
             ctx.spawn(
@@ -236,6 +246,7 @@ impl Handler<TakeFinished> for SkillCreatorActor {
             ("skills/timeouts", c.timeouts),
             ("skills/errors", c.errors),
             ("skills/queue_full", c.queue_full),
+            ("skills/reasked", c.reasked),
             ("skills/pending", self.pending as u64),
         ]
         .into_iter()
@@ -259,9 +270,19 @@ struct Origin {
 
 /// The entry a finished reflection writes: kind, status, parent, task and extra from the
 /// request; text and trigger from the reflector; provenance from the `Reflect` message.
-/// `extra` gains `reflection_ticket` and `requested_by` unless the request set them.
+/// `extra` gains `reflection_ticket` and `requested_by`, and for a JSON reply format the
+/// accepted object as `reply` and the attempts it took as `reply_attempts`, unless the request
+/// set those keys.
 fn new_entry(request: ReflectionRequest, draft: Draft, origin: &Origin, ticket: u64) -> NewEntry {
     let mut extra = request.extra;
+    if let Some(reply) = draft.reply {
+        extra
+            .entry("reply")
+            .or_insert(serde_json::Value::Object(reply));
+        extra
+            .entry("reply_attempts")
+            .or_insert_with(|| serde_json::json!(draft.reasked + 1));
+    }
     extra
         .entry("reflection_ticket")
         .or_insert_with(|| serde_json::json!(ticket));
@@ -273,6 +294,8 @@ fn new_entry(request: ReflectionRequest, draft: Draft, origin: &Origin, ticket: 
         text: draft.text,
         trigger: draft.trigger,
         task_id: request.task_id,
+        // Skill-creator entries are never scoped to one trajectory.
+        trajectory_id: None,
         parent: request.parent,
         status: request.status,
         provenance: Provenance {

@@ -11,9 +11,16 @@
 //!
 //! One SQLite file, `<run>/bank.sqlite` ([`BANK_FILE`]), through `rusqlite` with SQLite
 //! compiled in (`bundled`: no system library, and FTS5 is on). WAL mode; every write is one
-//! transaction; the schema is versioned in a `meta` table ([`schema::SCHEMA_VERSION`]). A file
-//! that is not a bank, is damaged, has another schema version or is write-locked by another
-//! process is refused at open with a typed error naming it, and is never written.
+//! transaction; the schema is versioned in a `meta` table ([`schema::SCHEMA_VERSION`]; an older
+//! version is migrated when the bank is opened for writing, see `schema.rs`). A file that is
+//! not a bank, is damaged, has a schema version this kernel does not read or is write-locked by
+//! another process is refused at open with a typed error naming it, and is never written.
+//!
+//! # Trajectory scope
+//!
+//! An entry may belong to one trajectory (`trajectory_id`; memory records always do, a put
+//! without one fails). A query sees the entries of the trajectory it names, or with none only
+//! unscoped entries, so a trajectory's memory never reaches another trajectory or task.
 //!
 //! # Retrieval
 //!
@@ -42,7 +49,7 @@ mod tests;
 use std::path::{Path, PathBuf};
 
 pub use retrieval::{query_terms, MAX_QUERY_TERMS};
-pub use schema::SCHEMA_VERSION;
+pub use schema::{OLDEST_READABLE, SCHEMA_VERSION};
 pub use store::{Bank, EntryFilter, DEFAULT_BUSY_TIMEOUT};
 
 /// The live bank's file name in a run directory.

@@ -16,13 +16,18 @@
 //! applies, so a query that hits it is the stronger evidence.
 //!
 //! **Bounds.** At most [`MAX_QUERY_TERMS`] distinct terms are used (the first ones), so a long
-//! observation costs a bounded query. Filters (kind, task, status) are applied in the same SQL
-//! statement; ties in score go to the older entry (lower id), so results are deterministic.
+//! observation costs a bounded query. Filters (kind, task, trajectory, status) are applied in
+//! the same SQL statement; ties in score go to the older entry (lower id), so results are
+//! deterministic.
+//!
+//! **Trajectory scope.** A query that names a trajectory (`BankQuery::trajectory_id`) sees only
+//! the entries scoped to it; a query that names none sees only unscoped entries. So a memory
+//! record (always scoped) reaches no other trajectory, task or plugin query.
 
 use cairn_plugin_sdk::bank::{BankQuery, EntryStatus, Retrieved};
 use rusqlite::types::Value;
 
-use super::row::{entry_from_row, COLUMNS};
+use super::row::{entry_from_row, COLUMN_COUNT};
 use super::schema::sql;
 use super::store::{push_in, Bank};
 use crate::error::Result;
@@ -96,6 +101,20 @@ impl Bank {
             "e.status",
             statuses.iter().map(|s| s.as_str()),
         );
+        if self.schema_version() >= 2 {
+            match query.trajectory_id.map(i64::try_from) {
+                Some(Ok(t)) => {
+                    params.push(Value::Integer(t));
+                    filters.push(format!("e.trajectory_id = ?{}", params.len()));
+                }
+                // Above the bank's limit: no entry can be scoped to it.
+                Some(Err(_)) => filters.push("0".into()),
+                None => filters.push("e.trajectory_id IS NULL".into()),
+            }
+        } else if query.trajectory_id.is_some() {
+            // A version-1 bank (read-only, not migrated) holds no scoped entry.
+            filters.push("0".into());
+        }
         if let Some(task) = &query.task_id {
             params.push(Value::Text(task.clone()));
             let n = params.len();
@@ -112,13 +131,14 @@ impl Bank {
         } else {
             format!("WHERE {}", filters.join(" AND "))
         };
+        let columns = self.columns();
         let statement = if terms.is_empty() {
             format!(
-                "SELECT {COLUMNS}, 0.0 FROM entries e {filters} ORDER BY e.id DESC LIMIT ?{limit}"
+                "SELECT {columns}, 0.0 FROM entries e {filters} ORDER BY e.id DESC LIMIT ?{limit}"
             )
         } else {
             format!(
-                "SELECT {COLUMNS}, bm25(entries_fts, {COLUMN_WEIGHTS}) AS rank \
+                "SELECT {columns}, bm25(entries_fts, {COLUMN_WEIGHTS}) AS rank \
                  FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid \
                  {filters} ORDER BY rank, e.id LIMIT ?{limit}"
             )
@@ -130,7 +150,7 @@ impl Bank {
             .map_err(sql(path, "querying"))?;
         let rows = stmt
             .query_map(rusqlite::params_from_iter(params), |row| {
-                let rank: f64 = row.get(20)?;
+                let rank: f64 = row.get(COLUMN_COUNT)?;
                 Ok((entry_from_row(row, path), rank))
             })
             .map_err(sql(path, "querying"))?;

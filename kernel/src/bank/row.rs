@@ -12,7 +12,17 @@ use crate::error::{Error, Result};
 pub const COLUMNS: &str = "e.id, e.kind, e.text, e.trigger_pattern, e.task_id, e.version, \
      e.parent, e.status, e.step, e.policy_version, e.source_trajectories, e.writer, e.exposures, \
      e.successes, e.utility_ema, e.beta_alpha, e.beta_beta, e.negative_streak, \
-     e.last_negative_step, e.extra";
+     e.last_negative_step, e.extra, e.trajectory_id";
+
+/// [`COLUMNS`] for a schema-version-1 bank opened read-only (never migrated): no
+/// `trajectory_id` column, so every entry reads as unscoped.
+pub const COLUMNS_V1: &str = "e.id, e.kind, e.text, e.trigger_pattern, e.task_id, e.version, \
+     e.parent, e.status, e.step, e.policy_version, e.source_trajectories, e.writer, e.exposures, \
+     e.successes, e.utility_ema, e.beta_alpha, e.beta_beta, e.negative_streak, \
+     e.last_negative_step, e.extra, NULL";
+
+/// The number of columns in [`COLUMNS`] (the first index after them, e.g. a query's rank).
+pub const COLUMN_COUNT: usize = 21;
 
 /// `value` as SQLite's `i64`; above `i64::MAX` is refused, never wrapped.
 pub fn to_i64(path: &Path, what: &str, value: u64) -> Result<i64> {
@@ -68,6 +78,11 @@ pub fn entry_from_row(row: &Row<'_>, path: &Path) -> Result<BankEntry> {
         text: row.get(2).map_err(col)?,
         trigger: row.get(3).map_err(col)?,
         task_id: row.get(4).map_err(col)?,
+        trajectory_id: row
+            .get::<_, Option<i64>>(20)
+            .map_err(col)?
+            .map(|t| unsigned("trajectory_id", t))
+            .transpose()?,
         version: u32::try_from(version).map_err(|_| bad("version", version.to_string()))?,
         parent: row
             .get::<_, Option<i64>>(6)

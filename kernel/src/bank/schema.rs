@@ -1,6 +1,18 @@
-//! The bank's SQLite schema, its version, and the checks [`super::Bank::open`] makes before it
-//! writes anything: the file is SQLite, intact, and either empty or a bank of this schema
-//! version. Also maps SQLite errors onto the kernel's typed errors.
+//! The bank's SQLite schema, its version, the checks [`super::Bank::open`] makes before it
+//! writes anything (the file is SQLite, intact, and either empty or a bank of a schema version
+//! this kernel reads), and the migration of older versions. Also maps SQLite errors onto the
+//! kernel's typed errors.
+//!
+//! # Versions
+//!
+//! - **1**: the first bank.
+//! - **2**: `entries.trajectory_id` (nullable `INTEGER`, indexed): the trajectory an entry is
+//!   scoped to (ECHO's memory records). [`migrate`] brings a version-1 bank up to 2 when it is
+//!   opened for writing (or restored into a live bank): it adds the column, scopes each
+//!   existing `memory_record` entry that names exactly one source trajectory to that
+//!   trajectory, and retires any other `memory_record` entry (no trajectory to scope it to, so
+//!   it must not reach other trajectories' queries); nothing else changes. A read-only opening
+//!   (`cairn bank`) never migrates: it reads a version-1 file as it is, every entry unscoped.
 
 use std::io::Read;
 use std::path::Path;
@@ -10,8 +22,11 @@ use rusqlite::{Connection, ErrorCode};
 use crate::error::{Error, Result};
 
 /// Version of the schema below, stored in `meta.schema_version`. Bump it with any change to
-/// the tables, and teach [`check_bank`] to refuse (or migrate) the older versions.
-pub const SCHEMA_VERSION: u32 = 1;
+/// the tables, and teach [`check_bank`] to refuse (or [`migrate`]) the older versions.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The oldest schema version [`migrate`] brings up to [`SCHEMA_VERSION`].
+pub const OLDEST_READABLE: u32 = 1;
 
 /// The tables. Ids are `AUTOINCREMENT` so a retired-then-deleted id is never reused (entries
 /// are only retired today, but lineage and provenance refer to ids). Counters are `INTEGER`
@@ -33,6 +48,7 @@ CREATE TABLE entries (
     text TEXT NOT NULL,
     trigger_pattern TEXT,
     task_id TEXT,
+    trajectory_id INTEGER,
     version INTEGER NOT NULL,
     parent INTEGER REFERENCES entries(id),
     status TEXT NOT NULL,
@@ -51,6 +67,7 @@ CREATE TABLE entries (
 );
 CREATE INDEX entries_kind_status ON entries(kind, status);
 CREATE INDEX entries_task ON entries(task_id);
+CREATE INDEX entries_trajectory ON entries(trajectory_id);
 CREATE VIRTUAL TABLE entries_fts USING fts5(
     text, trigger_pattern,
     content = 'entries', content_rowid = 'id',
@@ -80,8 +97,8 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 pub enum Found {
     /// No tables at all: a new (or zero-length) file, to be given the schema.
     Empty,
-    /// A bank of [`SCHEMA_VERSION`].
-    Bank,
+    /// A bank of this schema version ([`OLDEST_READABLE`] ..= [`SCHEMA_VERSION`]).
+    Bank(u32),
 }
 
 /// Refuses a non-empty file that does not start with SQLite's magic header, before SQLite
@@ -109,7 +126,7 @@ pub fn check_header(path: &Path) -> Result<()> {
 }
 
 /// Checks an open database read-only: intact (`PRAGMA quick_check`), and either empty or a
-/// bank of this schema version.
+/// bank of a schema version this kernel reads (older ones are migrated by [`migrate`]).
 pub fn check_bank(conn: &Connection, path: &Path) -> Result<Found> {
     let verdict: String = conn
         .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
@@ -155,11 +172,11 @@ pub fn check_bank(conn: &Connection, path: &Path) -> Result<Found> {
             e => Err(e),
         })
         .map_err(sql(path, "reading the schema version"))?;
-    match found {
-        Some(v) if v == SCHEMA_VERSION.to_string() => Ok(Found::Bank),
-        other => Err(Error::BankSchema {
+    match found.as_deref().map(str::parse::<u32>) {
+        Some(Ok(v)) if (OLDEST_READABLE..=SCHEMA_VERSION).contains(&v) => Ok(Found::Bank(v)),
+        _ => Err(Error::BankSchema {
             path: path.to_path_buf(),
-            found: other.unwrap_or_else(|| "(none)".into()),
+            found: found.unwrap_or_else(|| "(none)".into()),
             expected: SCHEMA_VERSION,
         }),
     }
@@ -177,6 +194,31 @@ pub fn create(conn: &Connection, path: &Path) -> Result<()> {
         ),
     )
     .map_err(sql(path, "creating the schema"))?;
+    Ok(())
+}
+
+/// Brings a bank of schema version `from` up to [`SCHEMA_VERSION`] (inside the caller's
+/// transaction; see the module docs for what each step does). A bank already at the current
+/// version is left alone.
+pub fn migrate(conn: &Connection, path: &Path, from: u32) -> Result<()> {
+    if from < 2 {
+        conn.execute_batch(
+            "ALTER TABLE entries ADD COLUMN trajectory_id INTEGER;
+             CREATE INDEX entries_trajectory ON entries(trajectory_id);
+             UPDATE entries SET trajectory_id = json_extract(source_trajectories, '$[0]')
+                 WHERE kind = 'memory_record' AND json_array_length(source_trajectories) = 1;
+             UPDATE entries SET status = 'retired'
+                 WHERE kind = 'memory_record' AND trajectory_id IS NULL;",
+        )
+        .map_err(sql(path, "migrating the bank to schema version 2"))?;
+    }
+    if from < SCHEMA_VERSION {
+        conn.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
+            [SCHEMA_VERSION.to_string()],
+        )
+        .map_err(sql(path, "migrating the bank"))?;
+    }
     Ok(())
 }
 

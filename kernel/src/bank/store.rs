@@ -11,7 +11,7 @@ use cairn_plugin_sdk::bank::{
 use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
-use super::row::{entry_from_row, json, to_i64, COLUMNS};
+use super::row::{entry_from_row, json, to_i64, COLUMNS, COLUMNS_V1};
 use super::schema::{self, sql, Found};
 use crate::error::{Error, Result};
 
@@ -19,13 +19,17 @@ use crate::error::{Error, Result};
 /// [`Error::BankLocked`] (`[bank] busy_timeout_ms` overrides it).
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Which entries [`Bank::list`] and [`Bank::export`] return. Empty lists mean "any".
+/// Which entries [`Bank::list`] and [`Bank::export`] return (an operator's view: unlike a
+/// [`cairn_plugin_sdk::BankQuery`], no filter here hides trajectory-scoped entries). Empty
+/// lists and `None` mean "any".
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EntryFilter {
     pub kinds: Vec<EntryKind>,
     pub statuses: Vec<EntryStatus>,
     /// Only entries for this task (general entries excluded).
     pub task_id: Option<String>,
+    /// Only entries scoped to this trajectory.
+    pub trajectory_id: Option<u64>,
 }
 
 /// The experience bank: one SQLite database (a file in the run directory, or in memory).
@@ -37,6 +41,9 @@ pub struct Bank {
     conn: Connection,
     /// The database file, named in every error (`:memory:` for an in-memory bank).
     path: PathBuf,
+    /// The file's schema version: [`schema::SCHEMA_VERSION`] for every bank that can be
+    /// written (older ones are migrated at open), possibly older for a read-only one.
+    schema: u32,
 }
 
 impl std::fmt::Debug for Bank {
@@ -72,6 +79,7 @@ impl Bank {
         let mut bank = Bank {
             conn,
             path: path.to_path_buf(),
+            schema: schema::SCHEMA_VERSION,
         };
         let found = schema::check_bank(&bank.conn, path)?;
         bank.configure()?;
@@ -81,15 +89,16 @@ impl Bank {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql(path, "taking the write lock"))?;
-        if found == Found::Empty {
-            schema::create(&tx, path)?;
+        match found {
+            Found::Empty => schema::create(&tx, path)?,
+            Found::Bank(version) => schema::migrate(&tx, path, version)?,
         }
         tx.commit().map_err(sql(path, "creating the schema"))?;
         Ok(bank)
     }
 
     /// Opens an existing bank for reading only (`cairn bank`); refuses a missing file rather
-    /// than creating one.
+    /// than creating one. An older schema version is read as it is, never migrated.
     pub fn open_read_only(path: &Path) -> Result<Bank> {
         if let Err(error) = std::fs::metadata(path) {
             return Err(Error::FileNotFound {
@@ -102,15 +111,16 @@ impl Bank {
         let conn = Connection::open_with_flags(path, flags).map_err(sql(path, "opening"))?;
         conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
             .map_err(sql(path, "opening"))?;
-        if schema::check_bank(&conn, path)? == Found::Empty {
+        let Found::Bank(version) = schema::check_bank(&conn, path)? else {
             return Err(Error::BankCorrupt {
                 path: path.to_path_buf(),
                 detail: "an empty file, not a bank".into(),
             });
-        }
+        };
         Ok(Bank {
             conn,
             path: path.to_path_buf(),
+            schema: version,
         })
     }
 
@@ -118,7 +128,11 @@ impl Bank {
     pub fn in_memory() -> Result<Bank> {
         let path = PathBuf::from(":memory:");
         let conn = Connection::open_in_memory().map_err(sql(&path, "opening"))?;
-        let mut bank = Bank { conn, path };
+        let mut bank = Bank {
+            conn,
+            path,
+            schema: schema::SCHEMA_VERSION,
+        };
         let tx = bank
             .conn
             .transaction()
@@ -155,12 +169,28 @@ impl Bank {
         &self.conn
     }
 
+    /// The file's schema version (see [`Bank::open_read_only`]).
+    pub fn schema_version(&self) -> u32 {
+        self.schema
+    }
+
+    /// The entry columns to select from this file ([`COLUMNS`], or [`COLUMNS_V1`] for a
+    /// version-1 bank read without migrating).
+    pub(super) fn columns(&self) -> &'static str {
+        if self.schema < 2 {
+            COLUMNS_V1
+        } else {
+            COLUMNS
+        }
+    }
+
     /// Inserts `entries` in one transaction and returns their ids, in order.
     ///
     /// Provenance left empty on an entry (`step` 0, `policy_version` 0, `writer` empty) takes
     /// the value of `defaults`, so every stored entry names its step, policy version and
     /// writer. An entry with a `parent` gets the parent's version + 1; a parent that is not in
-    /// the bank, or an empty text, fails the whole put.
+    /// the bank, an empty text, or a memory record without a `trajectory_id` (memory records
+    /// are always scoped to their trajectory) fails the whole put.
     pub fn put(&mut self, entries: &[NewEntry], defaults: &Provenance) -> Result<Vec<u64>> {
         let path = self.path.clone();
         let tx = self
@@ -176,6 +206,13 @@ impl Bank {
             };
             if entry.text.trim().is_empty() {
                 return Err(invalid("its text is empty".into()));
+            }
+            if entry.kind == EntryKind::MemoryRecord && entry.trajectory_id.is_none() {
+                return Err(invalid(
+                    "it is a memory record without a `trajectory_id`; a memory record belongs \
+                     to one trajectory, so set the trajectory it records"
+                        .into(),
+                ));
             }
             let version = match entry.parent {
                 None => 1,
@@ -213,9 +250,9 @@ impl Bank {
                 "INSERT INTO entries (kind, text, trigger_pattern, task_id, version, parent, \
                  status, step, policy_version, source_trajectories, writer, exposures, \
                  successes, utility_ema, beta_alpha, beta_beta, negative_streak, \
-                 last_negative_step, extra) \
+                 last_negative_step, extra, trajectory_id) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                 ?17, ?18, ?19)",
+                 ?17, ?18, ?19, ?20)",
                 rusqlite::params![
                     entry.kind.as_str(),
                     entry.text,
@@ -239,6 +276,10 @@ impl Bank {
                     0i64,
                     None::<i64>,
                     json(&entry.extra),
+                    entry
+                        .trajectory_id
+                        .map(|t| to_i64(&path, "trajectory_id", t))
+                        .transpose()?,
                 ],
             )
             .map_err(sql(&path, "inserting an entry"))?;
@@ -380,7 +421,7 @@ impl Bank {
         };
         self.conn
             .query_row(
-                &format!("SELECT {COLUMNS} FROM entries e WHERE e.id = ?1"),
+                &format!("SELECT {} FROM entries e WHERE e.id = ?1", self.columns()),
                 [id],
                 |row| Ok(entry_from_row(row, &self.path)),
             )
@@ -401,7 +442,7 @@ impl Bank {
 
     /// Number of entries matching `filter`.
     pub fn count(&self, filter: &EntryFilter) -> Result<u64> {
-        let (clause, params) = where_clause(filter);
+        let (clause, params) = where_clause(filter, self.schema);
         let n: i64 = self
             .conn
             .query_row(
@@ -441,11 +482,12 @@ impl Bank {
         filter: &EntryFilter,
         mut f: impl FnMut(BankEntry) -> Result<()>,
     ) -> Result<()> {
-        let (clause, params) = where_clause(filter);
+        let (clause, params) = where_clause(filter, self.schema);
         let mut stmt = self
             .conn
             .prepare(&format!(
-                "SELECT {COLUMNS} FROM entries e {clause} ORDER BY e.id"
+                "SELECT {} FROM entries e {clause} ORDER BY e.id",
+                self.columns()
             ))
             .map_err(sql(&self.path, "listing entries"))?;
         let rows = stmt
@@ -503,6 +545,7 @@ impl Bank {
     /// writes the destination in one transaction: a failure leaves the live bank as it was.
     pub fn restore_from(&mut self, path: &Path) -> Result<()> {
         let source = Bank::open_read_only(path)?;
+        let version = source.schema;
         {
             let backup = rusqlite::backup::Backup::new(&source.conn, &mut self.conn)
                 .map_err(sql(&self.path, "restoring a snapshot"))?;
@@ -513,12 +556,27 @@ impl Bank {
         if self.path != Path::new(":memory:") {
             self.configure()?;
         }
+        // A snapshot of an older schema (a checkpoint written before an upgrade) is migrated
+        // in the live bank; the snapshot file itself is never written.
+        self.schema = version;
+        if version < schema::SCHEMA_VERSION {
+            let live = self.path.clone();
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql(&live, "migrating a restored snapshot"))?;
+            schema::migrate(&tx, &live, version)?;
+            tx.commit()
+                .map_err(sql(&live, "migrating a restored snapshot"))?;
+            self.schema = schema::SCHEMA_VERSION;
+        }
         Ok(())
     }
 }
 
-/// `WHERE` clause (possibly empty) and its parameters for a filter over `entries e`.
-fn where_clause(filter: &EntryFilter) -> (String, Vec<Value>) {
+/// `WHERE` clause (possibly empty) and its parameters for a filter over `entries e` of a bank
+/// of schema version `schema` (a version-1 bank has no scoped entries).
+fn where_clause(filter: &EntryFilter, schema: u32) -> (String, Vec<Value>) {
     let mut terms = Vec::new();
     let mut params = Vec::new();
     push_in(
@@ -536,6 +594,17 @@ fn where_clause(filter: &EntryFilter) -> (String, Vec<Value>) {
     if let Some(task) = &filter.task_id {
         params.push(Value::Text(task.clone()));
         terms.push(format!("e.task_id = ?{}", params.len()));
+    }
+    if let Some(trajectory) = filter.trajectory_id {
+        // No stored id is above i64::MAX (puts refuse them), and a version-1 bank has no
+        // scoped entry: either way nothing matches.
+        match i64::try_from(trajectory) {
+            Ok(t) if schema >= 2 => {
+                params.push(Value::Integer(t));
+                terms.push(format!("e.trajectory_id = ?{}", params.len()));
+            }
+            _ => terms.push("0".into()),
+        }
     }
     if terms.is_empty() {
         (String::new(), params)

@@ -1,6 +1,6 @@
 //! Unit tests of the bank: persistence across a kill and a restore, refused files (corrupt,
 //! locked, foreign, other schema) left byte-identical, provenance, lineage, atomic updates,
-//! BM25 order and filters.
+//! BM25 order and filters, trajectory-scoped memory records, the schema-1 migration.
 
 use std::path::Path;
 use std::time::Duration;
@@ -67,6 +67,7 @@ fn an_entry_round_trips_with_every_field() {
         text: "open the fridge before taking food".into(),
         trigger: Some("fridge".into()),
         task_id: Some("cool-12".into()),
+        trajectory_id: Some(40),
         parent: None,
         status: EntryStatus::UnderTest,
         provenance: Provenance {
@@ -85,6 +86,7 @@ fn an_entry_round_trips_with_every_field() {
         text: "open the fridge before taking food".into(),
         trigger: Some("fridge".into()),
         task_id: Some("cool-12".into()),
+        trajectory_id: Some(40),
         version: 1,
         parent: None,
         status: EntryStatus::UnderTest,
@@ -347,7 +349,10 @@ fn queries_filter_by_kind_task_and_status() {
             entry(EntryKind::Skill, None, "a mug skill"), // 2
             entry(EntryKind::Experience, Some("t1"), "mug lesson for t1"), // 3
             entry(EntryKind::Experience, Some("t2"), "mug lesson for t2"), // 4
-            entry(EntryKind::MemoryRecord, Some("t1"), "mug memory"), // 5
+            NewEntry {
+                trajectory_id: Some(70),
+                ..entry(EntryKind::MemoryRecord, Some("t1"), "mug memory")
+            }, // 5
         ],
         &kernel(),
     )
@@ -385,6 +390,7 @@ fn queries_filter_by_kind_task_and_status() {
     check(
         BankQuery {
             statuses: vec![EntryStatus::Retired],
+            trajectory_id: Some(70),
             ..mug.clone()
         },
         &[5],
@@ -405,6 +411,7 @@ fn queries_filter_by_kind_task_and_status() {
             kinds: vec![EntryKind::Experience],
             statuses: vec![EntryStatus::Active],
             task_id: Some("t1".into()),
+            trajectory_id: None,
         })
         .unwrap()
         .iter()
@@ -566,7 +573,7 @@ fn another_programs_database_or_schema_is_refused_and_kept() {
     }
     expect_refused(
         &path,
-        |e| matches!(e, Error::BankSchema { found, expected: 1, .. } if found == "99"),
+        |e| matches!(e, Error::BankSchema { found, expected: SCHEMA_VERSION, .. } if found == "99"),
     );
 }
 
@@ -644,4 +651,284 @@ fn a_reset_bank_is_a_new_bank() {
     assert_eq!(ranked(&bank, &text_query("mug")), Vec::<u64>::new());
     assert_eq!(put_texts(&mut bank, &["new mug lesson"]), [1]);
     assert_eq!(ranked(&bank, &text_query("mug")), [1]);
+}
+
+/// A memory record of trajectory `trajectory`, turn `turn`, task `task`.
+fn record(trajectory: u64, turn: u32, task: &str, text: &str) -> NewEntry {
+    let mut extra = serde_json::Map::new();
+    extra.insert("idx".into(), serde_json::json!(turn));
+    NewEntry {
+        kind: EntryKind::MemoryRecord,
+        task_id: Some(task.into()),
+        trajectory_id: Some(trajectory),
+        provenance: Provenance {
+            source_trajectories: vec![trajectory],
+            ..Default::default()
+        },
+        extra,
+        ..new(text)
+    }
+}
+
+#[test]
+fn memory_records_reach_only_queries_of_their_trajectory() {
+    let mut bank = Bank::in_memory().unwrap();
+    // Ids 1, 2: records of trajectory 10; 3: of trajectory 11; 4: unscoped; 5: an experience
+    // scoped to trajectory 10.
+    bank.put(
+        &[
+            record(10, 0, "iron", "[0] search[iron] => iron atomic number 26"),
+            record(
+                10,
+                1,
+                "iron",
+                "[1] search[iron discoverer] => iron since antiquity",
+            ),
+            record(11, 0, "iron", "[0] search[iron] => iron is a metal"),
+            new("iron lessons are general"),
+            NewEntry {
+                trajectory_id: Some(10),
+                ..new("an iron experience of trajectory 10")
+            },
+        ],
+        &kernel(),
+    )
+    .unwrap();
+    let ids = |bank: &Bank, query: BankQuery| {
+        let mut got = ranked(bank, &query);
+        got.sort_unstable();
+        got
+    };
+    let iron = text_query("iron");
+    let records = |trajectory| BankQuery {
+        kinds: vec![EntryKind::MemoryRecord],
+        trajectory_id: trajectory,
+        k: 100,
+        ..Default::default()
+    };
+    // No trajectory named: unscoped entries only, whatever else the query says.
+    assert_eq!(ids(&bank, iron.clone()), [4]);
+    assert_eq!(ids(&bank, records(None)), Vec::<u64>::new());
+    for statuses in [
+        vec![],
+        vec![
+            EntryStatus::Active,
+            EntryStatus::UnderTest,
+            EntryStatus::Retired,
+        ],
+    ] {
+        let q = BankQuery {
+            statuses,
+            task_id: Some("iron".into()),
+            include_general: true,
+            k: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(&bank, q),
+            [4],
+            "a task query sees no trajectory's records"
+        );
+    }
+    // A trajectory named: its own entries only (ranked, or newest first without terms).
+    assert_eq!(
+        ids(
+            &bank,
+            BankQuery {
+                trajectory_id: Some(10),
+                ..iron.clone()
+            }
+        ),
+        [1, 2, 5]
+    );
+    assert_eq!(ids(&bank, records(Some(10))), [1, 2]);
+    assert_eq!(ids(&bank, records(Some(11))), [3]);
+    assert_eq!(ids(&bank, records(Some(12))), Vec::<u64>::new());
+    assert_eq!(ids(&bank, records(Some(u64::MAX))), Vec::<u64>::new());
+    let newest: Vec<u64> = bank
+        .query(&records(Some(10)))
+        .unwrap()
+        .iter()
+        .map(|r| r.entry.id)
+        .collect();
+    assert_eq!(newest, [2, 1]);
+    assert_eq!(bank.get(2).unwrap().unwrap().trajectory_id, Some(10));
+    assert_eq!(bank.get(4).unwrap().unwrap().trajectory_id, None);
+    // Retired records stay scoped.
+    bank.retire(&[1]).unwrap();
+    let retired = |trajectory| BankQuery {
+        statuses: vec![EntryStatus::Retired],
+        ..records(trajectory)
+    };
+    assert_eq!(ids(&bank, retired(None)), Vec::<u64>::new());
+    assert_eq!(ids(&bank, retired(Some(10))), [1]);
+    // The operator's listing sees everything, and filters by trajectory.
+    let listed = |filter: EntryFilter| -> Vec<u64> {
+        bank.list(&filter).unwrap().iter().map(|e| e.id).collect()
+    };
+    assert_eq!(listed(EntryFilter::default()), [1, 2, 3, 4, 5]);
+    let of = |t| EntryFilter {
+        trajectory_id: Some(t),
+        ..Default::default()
+    };
+    assert_eq!(listed(of(10)), [1, 2, 5]);
+    assert_eq!(
+        listed(EntryFilter {
+            kinds: vec![EntryKind::MemoryRecord],
+            ..of(10)
+        }),
+        [1, 2]
+    );
+    assert_eq!(bank.count(&of(11)).unwrap(), 1);
+    assert_eq!(listed(of(u64::MAX)), Vec::<u64>::new());
+}
+
+#[test]
+fn a_memory_record_without_a_trajectory_is_refused_and_nothing_is_stored() {
+    let mut bank = Bank::in_memory().unwrap();
+    let unscoped = NewEntry {
+        trajectory_id: None,
+        ..record(3, 0, "iron", "[0] unscoped")
+    };
+    let err = bank
+        .put(&[record(3, 1, "iron", "[1] fine"), unscoped], &kernel())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::BankInvalid { what, detail, .. }
+            if what == "entry 1 of the put" && detail.contains("`trajectory_id`")),
+        "{err}"
+    );
+    assert_eq!(all(&bank), []);
+    // Any other kind may be scoped or not.
+    let ids = bank
+        .put(
+            &[NewEntry {
+                trajectory_id: Some(3),
+                ..new("a scoped skill")
+            }],
+            &kernel(),
+        )
+        .unwrap();
+    assert_eq!(ids, [1]);
+}
+
+/// Writes a schema-version-1 bank at `path` (the tables as version 1 had them): an
+/// experience, then memory records with one, no and two source trajectories.
+fn write_version_1(path: &Path) {
+    drop(Bank::open(path).unwrap());
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "DROP INDEX entries_trajectory;
+         ALTER TABLE entries DROP COLUMN trajectory_id;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    for (kind, text, sources) in [
+        ("experience", "iron is magnetic", "[]"),
+        ("memory_record", "[0] search[iron] => 26", "[5]"),
+        ("memory_record", "[0] orphan record", "[]"),
+        ("memory_record", "[0] shared record", "[6,7]"),
+    ] {
+        conn.execute(
+            "INSERT INTO entries (kind, text, version, status, step, policy_version, \
+             source_trajectories, writer, exposures, successes, utility_ema, beta_alpha, \
+             beta_beta, negative_streak, extra) \
+             VALUES (?1, ?2, 1, 'active', 4, 4, ?3, 'old', 0, 0, 0.0, 1.0, 1.0, 0, '{}')",
+            (kind, text, sources),
+        )
+        .unwrap();
+    }
+    let v: String = conn
+        .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, "delete");
+}
+
+fn meta_version(path: &Path) -> String {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_version_1_bank_is_read_as_it_is_and_migrated_when_opened_for_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.sqlite");
+    write_version_1(&path);
+    let before = read(&path);
+
+    // Read-only (`cairn bank` on an old run): readable, every entry unscoped, file untouched.
+    {
+        let old = Bank::open_read_only(&path).unwrap();
+        assert_eq!(old.schema_version(), 1);
+        let entries = all(&old);
+        assert_eq!(entries.len(), 4);
+        assert!(entries.iter().all(|e| e.trajectory_id.is_none()));
+        assert_eq!(ranked(&old, &text_query("iron")), [1, 2]);
+        let scoped = BankQuery {
+            trajectory_id: Some(5),
+            ..text_query("iron")
+        };
+        assert_eq!(ranked(&old, &scoped), Vec::<u64>::new());
+        let filter = EntryFilter {
+            trajectory_id: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(old.count(&filter).unwrap(), 0);
+    }
+    assert_eq!(read(&path), before);
+
+    // A restore of a version-1 snapshot into a live bank migrates the live copy only.
+    let mut live = Bank::in_memory().unwrap();
+    live.restore_from(&path).unwrap();
+    assert_eq!(live.schema_version(), SCHEMA_VERSION);
+    assert_eq!(read(&path), before);
+
+    // Opened for writing: migrated in place.
+    let mut bank = Bank::open(&path).unwrap();
+    assert_eq!(bank.schema_version(), SCHEMA_VERSION);
+    assert_eq!(meta_version(&path), SCHEMA_VERSION.to_string());
+    let got: Vec<(u64, Option<u64>, EntryStatus)> = all(&bank)
+        .iter()
+        .map(|e| (e.id, e.trajectory_id, e.status))
+        .collect();
+    let expected = [
+        (1, None, EntryStatus::Active),
+        (2, Some(5), EntryStatus::Active),
+        (3, None, EntryStatus::Retired),
+        (4, None, EntryStatus::Retired),
+    ];
+    assert_eq!(got, expected);
+    assert_eq!(all(&live), all(&bank));
+    // The old entries keep everything else.
+    let two = bank.get(2).unwrap().unwrap();
+    assert_eq!(
+        (
+            two.text.as_str(),
+            two.provenance.writer.as_str(),
+            two.provenance.step
+        ),
+        ("[0] search[iron] => 26", "old", 4)
+    );
+    // Queries follow the scope rule; the index still ranks.
+    assert_eq!(ranked(&bank, &text_query("iron")), [1]);
+    let of_5 = BankQuery {
+        trajectory_id: Some(5),
+        ..text_query("iron")
+    };
+    assert_eq!(ranked(&bank, &of_5), [2]);
+    // New writes use the new column; a second open changes nothing.
+    let ids = bank
+        .put(&[record(8, 0, "iron", "[0] iron new")], &kernel())
+        .unwrap();
+    assert_eq!(ids, [5]);
+    drop(bank);
+    let bank = Bank::open(&path).unwrap();
+    assert_eq!(bank.get(5).unwrap().unwrap().trajectory_id, Some(8));
+    assert_eq!(all(&bank).len(), 5);
 }

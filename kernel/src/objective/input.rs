@@ -40,6 +40,11 @@ pub struct ObjectiveRow {
     /// One `[L]` vector of detached coefficients `c_l` per auxiliary term, in the order of the
     /// step's aux terms.
     pub aux: Vec<Vec<f32>>,
+    /// An extra row ([`Signals::extra_rows`]): it takes no part in the clipped surrogate, the
+    /// KL penalty or the entropy bonus and does not count in their aggregation normalisers
+    /// (nor in the step's token metrics); only the aux and teacher terms that target it train
+    /// it. Its `advantages`, `ref_logp` and `behav_logp` are never read.
+    pub extra: bool,
 }
 
 impl ObjectiveRow {
@@ -131,6 +136,16 @@ pub(crate) fn step_parts(
         }
     };
     check_len("signals.advantages", signals.advantages.len())?;
+    for (what, v) in [
+        ("signals.advantage_scale", &signals.advantage_scale),
+        ("signals.advantage_add", &signals.advantage_add),
+    ] {
+        if !v.is_empty() {
+            check_len(what, v.len())?;
+        }
+    }
+    // Rows from here on are the signals' extra rows.
+    let first_extra = n.saturating_sub(signals.extra_rows.len());
     for t in &signals.aux {
         check_len(&format!("aux term `{}`", t.name), t.coefficients.len())?;
     }
@@ -172,14 +187,33 @@ pub(crate) fn step_parts(
                 )))
             }
         };
+        let extra = i >= first_extra;
+        let mut advantages = per_token("signals.advantages", &signals.advantages[i])?;
+        let scale = match signals.advantage_scale.get(i) {
+            Some(v) => Some(per_token("signals.advantage_scale", v)?),
+            None => None,
+        };
+        let add = match signals.advantage_add.get(i) {
+            Some(v) => Some(per_token("signals.advantage_add", v)?),
+            None => None,
+        };
+        if !extra {
+            compose_advantages(
+                &row.response_mask,
+                &mut advantages,
+                scale.as_deref(),
+                add.as_deref(),
+            );
+        }
         out.push(ObjectiveRow {
             mask: row.response_mask.clone(),
-            advantages: per_token("signals.advantages", &signals.advantages[i])?,
+            advantages,
             old_logp: row.old_logprobs.clone(),
-            ref_logp: (!row.ref_logprobs.is_empty()).then(|| row.ref_logprobs.clone()),
-            behav_logp: (config.off_policy != OffPolicy::None)
+            ref_logp: (!extra && !row.ref_logprobs.is_empty()).then(|| row.ref_logprobs.clone()),
+            behav_logp: (!extra && config.off_policy != OffPolicy::None)
                 .then(|| row.response_logprobs.clone()),
             rollout_id: row.trajectory_id,
+            extra,
             aux: signals
                 .aux
                 .iter()
@@ -203,9 +237,47 @@ pub(crate) fn step_parts(
     })
 }
 
-/// The aggregation weight `w_r` of each row: `agg(X) = Σ_r w_r Σ_l m_{r,l} X_{r,l}` (see
-/// [`Aggregation`]). Computed over the whole step; rows without mask-1 tokens get 0.
+/// `A_l ← A_l · scale_l + add_l` on the mask-1 tokens of one row, in f64, rounded once to f32
+/// (a missing array counts as 1 or 0): the composition the algorithm stack applies to its
+/// members' [`Signals::advantage_scale`] / [`Signals::advantage_add`]
+/// ([`crate::stack`]), applied here to signals that still carry them (a batch file given to
+/// `cairn loss`). A stack's answer carries them composed already, and empty.
+fn compose_advantages(
+    mask: &[u8],
+    advantages: &mut [f32],
+    scale: Option<&[f32]>,
+    add: Option<&[f32]>,
+) {
+    if scale.is_none() && add.is_none() {
+        return;
+    }
+    for (l, a) in advantages.iter_mut().enumerate() {
+        if mask.get(l) == Some(&1) {
+            let s = scale.map_or(1.0, |s| f64::from(s[l]));
+            let d = add.map_or(0.0, |d| f64::from(d[l]));
+            *a = (f64::from(*a) * s + d) as f32;
+        }
+    }
+}
+
+/// The aggregation weight `w_r` of each row for the clipped surrogate, the KL and the entropy:
+/// `agg(X) = Σ_r w_r Σ_l m_{r,l} X_{r,l}` (see [`Aggregation`]). Computed over the whole
+/// step's batch rows; extra rows ([`ObjectiveRow::extra`]) and rows without mask-1 tokens get
+/// 0 and do not count in any normaliser.
 pub fn row_weights(config: &ObjectiveConfig, rows: &[ObjectiveRow]) -> Vec<f64> {
+    let tokens: Vec<usize> = rows
+        .iter()
+        .map(|r| if r.extra { 0 } else { r.tokens() })
+        .collect();
+    let rollouts: Vec<u64> = rows.iter().map(|r| r.rollout_id).collect();
+    aggregation_weights(config, &tokens, &rollouts)
+}
+
+/// The aggregation weight of each row for the auxiliary terms: as [`row_weights`], but over
+/// every row of the step, batch and extra rows alike (an aux term's coefficients cover them
+/// all, and an extra row is trained by the aux terms that target it). Equal to
+/// [`row_weights`] in a step without extra rows.
+pub fn aux_row_weights(config: &ObjectiveConfig, rows: &[ObjectiveRow]) -> Vec<f64> {
     let tokens: Vec<usize> = rows.iter().map(ObjectiveRow::tokens).collect();
     let rollouts: Vec<u64> = rows.iter().map(|r| r.rollout_id).collect();
     aggregation_weights(config, &tokens, &rollouts)

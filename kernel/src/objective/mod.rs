@@ -1,9 +1,9 @@
 //! The RL objective: the PPO clipped surrogate with asymmetric and dual clipping, KL to the
 //! reference (k1/k2/k3, in the loss or in the reward), an entropy bonus, auxiliary C-type
-//! terms, teacher-target terms (sampled and top-k reverse KL, live or fixed teachers), an
-//! off-policy correction for stale rows (truncated IS or AReaL's decoupled PPO), and five loss
-//! aggregations, as a pure-Rust [`TokenLoss`]. The formulas, with their sources, are in
-//! `docs/algorithms/objective.md`.
+//! terms, teacher-target terms (sampled and top-k reverse KL, top-k forward KL, live or fixed
+//! teachers), an off-policy correction for stale rows (truncated IS or AReaL's decoupled PPO),
+//! and five loss aggregations, as a pure-Rust [`TokenLoss`]. The formulas, with their sources,
+//! are in `docs/algorithms/objective.md`.
 //!
 //! Main types: [`ObjectiveConfig`] (the `[objective]` settings), [`RlLoss`] (the [`TokenLoss`]
 //! the backend drives micro-batch by micro-batch, built by [`RlLoss::from_rows`]) and
@@ -18,7 +18,9 @@
 //!    training prompt) and, when [`ObjectiveConfig::uses_reference`], `ref_logprobs`. With
 //!    `kl_mode = reward`, call [`apply_kl_to_rewards`] now, before the algorithm sees the batch.
 //! 2. `signals = alg.signals(&batch, host)?`, checked with `Signals::validate_against`; then
-//!    fill `old_logprobs` (and `ref_logprobs`) of `signals.extra_rows` too.
+//!    fill `old_logprobs` of `signals.extra_rows` too (an extra row takes no part in the
+//!    surrogate, the KL or the entropy term, only in the aux and teacher terms that target it,
+//!    so it needs no `ref_logprobs`).
 //! 3. `let rows = all_rows(&batch, &signals); let trained = trained_rows(&batch, &signals);`
 //!    for each optimizer step (one per mini-batch `mini` of `trained`):
 //!    `loss = RlLoss::from_rows(&config, &rows, &signals, &mini)?` and

@@ -9,8 +9,13 @@
 //! | surrogate | `w · u · ℓ^pg(ρ, A)` | `w · u · (−A) · ρ` on the unclipped branch, 0 where a clip won or the log-ratio clamp is active | |
 //! | KL (loss mode) | `β · w · k(ℓ, ℓ_ref)` | `β · w · ∂k/∂ℓ` | |
 //! | entropy | `−c_H · w · H` | | `−c_H · w` |
-//! | aux term j | `coef_j · w · c_j · ℓ` | `coef_j · w · c_j` | |
+//! | aux term j | `coef_j · w^aux · c_j · ℓ` | `coef_j · w^aux · c_j` | |
 //! | teacher term j | `coef_j · W_j · x_l` on its active tokens ([`super::teacher`]) | sampled form: `coef_j · W_j · w_l (ℓ − ℓ^T)` | |
+//!
+//! An extra row ([`ObjectiveRow::extra`], from `Signals::extra_rows`) takes no part in the
+//! surrogate, the KL or the entropy term and does not count in their normalisers or in the
+//! token metrics: `w = 0` there. Only the aux terms (whose weights `w^aux` are computed over
+//! every row of the step, [`aux_row_weights`]) and the teacher terms that target it train it.
 //!
 //! All weights are fixed when the loss is built, from the whole step, so splitting the step
 //! into micro-batches (ranges of rows, each passed once to [`TokenLoss::grads`]) changes
@@ -23,7 +28,9 @@ use cairn_plugin_sdk::{Signals, TurnRow};
 use serde::Serialize;
 
 use super::config::{KlMode, ObjectiveConfig, OffPolicy};
-use super::input::{aggregation_weights, row_weights, step_parts, ObjectiveRow, StepParts};
+use super::input::{
+    aggregation_weights, aux_row_weights, row_weights, step_parts, ObjectiveRow, StepParts,
+};
 use super::kl::kl_value_and_grad;
 use super::off_policy::behaviour_weight;
 use super::surrogate::{clipped_surrogate, ClipBranch, ClipRange};
@@ -242,8 +249,11 @@ pub struct RlLoss {
     teacher: Vec<TeacherState>,
     /// Per step row: `(term, target)` of each teacher target on it, in term order.
     targets_by_row: Vec<Vec<(usize, usize)>>,
-    /// Aggregation weight of each row, fixed for the step.
+    /// Aggregation weight of each row for the surrogate, KL and entropy (0 on extra rows),
+    /// fixed for the step.
     weights: Vec<f64>,
+    /// Aggregation weight of each row for the aux terms (over batch and extra rows).
+    aux_weights: Vec<f64>,
     has_ref: bool,
     active_rows: usize,
     /// Rows already passed to `grads`.
@@ -315,18 +325,25 @@ impl RlLoss {
             }
         }
         let aux: Vec<(String, f64)> = aux.into_iter().map(|(n, c)| (n, f64::from(c))).collect();
-        let with_ref = rows.iter().filter(|r| r.ref_logp.is_some()).count();
+        // The KL reads ℓ_ref on batch rows only; an extra row's is never read.
+        let batch_rows = rows.iter().filter(|r| !r.extra).count();
+        let with_ref = rows
+            .iter()
+            .filter(|r| !r.extra && r.ref_logp.is_some())
+            .count();
         let has_ref = with_ref > 0;
-        if has_ref && with_ref < rows.len() {
-            let missing = rows.iter().position(|r| r.ref_logp.is_none()).unwrap_or(0);
+        if has_ref && with_ref < batch_rows {
+            let missing = rows
+                .iter()
+                .position(|r| !r.extra && r.ref_logp.is_none())
+                .unwrap_or(0);
             return Err(input_error(format!(
-                "{with_ref} of {} rows carry reference log-probs but row {} does not; give \
-                 them for every row or for none",
-                rows.len(),
+                "{with_ref} of {batch_rows} rows carry reference log-probs but row {} does not; \
+                 give them for every row or for none",
                 labels[missing]
             )));
         }
-        if !has_ref && !rows.is_empty() && config.kl_mode == KlMode::Loss && config.kl_coef > 0.0 {
+        if !has_ref && batch_rows > 0 && config.kl_mode == KlMode::Loss && config.kl_coef > 0.0 {
             return Err(input_error(format!(
                 "kl_coef = {} with kl_mode = \"loss\" needs reference log-probs on every row",
                 config.kl_coef
@@ -334,9 +351,10 @@ impl RlLoss {
         }
         let behav = config.off_policy != OffPolicy::None;
         for (r, row) in rows.iter().enumerate() {
-            check_row(labels[r], row, aux.len(), behav)?;
+            check_row(labels[r], row, aux.len(), behav && !row.extra)?;
         }
         let weights = row_weights(&config, &rows);
+        let aux_weights = aux_row_weights(&config, &rows);
         let masks: Vec<&[u8]> = rows.iter().map(|r| r.mask.as_slice()).collect();
         let mut targets_by_row = vec![Vec::new(); rows.len()];
         let teacher = teacher
@@ -363,12 +381,11 @@ impl RlLoss {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let tokens: Vec<usize> = rows.iter().map(ObjectiveRow::tokens).collect();
         Ok(RlLoss {
             clip: ClipRange::from(&config),
             config,
             done: vec![false; rows.len()],
-            active_rows: tokens.iter().filter(|&&t| t > 0).count(),
+            active_rows: rows.iter().filter(|r| !r.extra && r.tokens() > 0).count(),
             sums: Sums::new(aux.len(), teacher.len()),
             rows,
             labels,
@@ -376,11 +393,12 @@ impl RlLoss {
             teacher,
             targets_by_row,
             weights,
+            aux_weights,
             has_ref,
         })
     }
 
-    /// The aggregation weight of each row.
+    /// The aggregation weight of each row for the surrogate, KL and entropy (0 on extra rows).
     pub fn weights(&self) -> &[f64] {
         &self.weights
     }
@@ -483,6 +501,7 @@ impl RlLoss {
             });
         }
         let w = self.weights[r];
+        let w_aux = self.aux_weights[r];
         let c = self.config.log_ratio_clamp;
         let mut g = vec![0.0f32; len];
         let mut h = vec![0.0f32; if entropy.is_some() { len } else { 0 }];
@@ -492,6 +511,19 @@ impl RlLoss {
                 return Err(input_error(format!(
                     "row {label}, token {l}: current log-prob is {lp} on a trainable token"
                 )));
+            }
+            let aux_terms = |mut grad: f64, sums: &mut Sums| {
+                for (j, (_, aux_coef)) in self.aux.iter().enumerate() {
+                    let coef = f64::from(row.aux[j][l]);
+                    sums.aux_weighted[j] += w_aux * coef * lp;
+                    grad += aux_coef * w_aux * coef;
+                }
+                grad
+            };
+            if row.extra {
+                // No surrogate, KL or entropy on an extra row (and no token metrics).
+                g[l] = aux_terms(0.0, sums) as f32;
+                continue;
             }
             let old = f64::from(row.old_logp[l]);
             let raw = lp - old;
@@ -539,11 +571,7 @@ impl RlLoss {
                 sums.entropy_weighted += w * e;
                 h[l] = (-self.config.entropy_coef * w) as f32;
             }
-            for (j, (_, aux_coef)) in self.aux.iter().enumerate() {
-                let coef = f64::from(row.aux[j][l]);
-                sums.aux_weighted[j] += w * coef * lp;
-                grad += aux_coef * w * coef;
-            }
+            let grad = aux_terms(grad, sums);
             sums.tokens += 1;
             g[l] = grad as f32;
         }
@@ -555,15 +583,17 @@ impl RlLoss {
 fn check_row(label: usize, row: &ObjectiveRow, aux_terms: usize, behav: bool) -> Result<()> {
     let r = label;
     let len = row.mask.len();
-    let mut vectors: Vec<(String, &[f32])> = vec![
-        ("advantages".into(), &row.advantages),
-        ("old_logp".into(), &row.old_logp),
-    ];
-    if let Some(refs) = &row.ref_logp {
+    // An extra row's advantages and ℓ_ref / ℓ_behav are never read, so never checked.
+    let mut vectors: Vec<(String, &[f32])> = vec![("old_logp".into(), &row.old_logp)];
+    if !row.extra {
+        vectors.insert(0, ("advantages".into(), &row.advantages));
+    }
+    if let (Some(refs), false) = (&row.ref_logp, row.extra) {
         vectors.push(("ref_logp".into(), refs));
     }
     match (&row.behav_logp, behav) {
-        (Some(b), _) => vectors.push(("response_logprobs (ℓ_behav)".into(), b)),
+        (Some(b), _) if !row.extra => vectors.push(("response_logprobs (ℓ_behav)".into(), b)),
+        (Some(_), _) => {}
         (None, true) => {
             return Err(input_error(format!(
                 "row {r}: an off-policy correction needs the row's sampled response_logprobs"
@@ -1236,8 +1266,8 @@ mod tests {
         }
     }
 
-    /// A random step: 1–12 rows of 0–9 tokens, NaN in every masked slot, two aux terms,
-    /// reference log-probs, entropies.
+    /// A random step: 1–12 rows of 0–9 tokens (a fifth of them extra rows), NaN in every
+    /// masked slot, two aux terms, reference log-probs, entropies.
     fn random_step(rng: &mut ChaCha8Rng) -> (StepInput, Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let n = rng.gen_range(1..=12);
         let mut rows = Vec::new();
@@ -1285,6 +1315,8 @@ mod tests {
                 ),
                 old_logp: old,
                 mask: mask.clone(),
+                // Some extra rows (aux terms only), so they are split-invariant too.
+                extra: rng.gen_bool(0.2),
             });
             logp.push(cur);
             entropy.push(mask.iter().map(|&m| pick(rng, m, 0.0, 3.0)).collect());
@@ -1386,5 +1418,247 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A batch row for [`RlLoss::from_rows`].
+    fn turn_row(trajectory: u64, old: &[f32], reference: &[f32], behav: &[f32]) -> TurnRow {
+        TurnRow {
+            group_id: 1,
+            trajectory_id: trajectory,
+            prompt_ids: vec![1, 2],
+            response_ids: (0..old.len() as u32).collect(),
+            response_logprobs: behav.to_vec(),
+            response_mask: vec![1; old.len()],
+            old_logprobs: old.to_vec(),
+            ref_logprobs: reference.to_vec(),
+            ..TurnRow::default()
+        }
+    }
+
+    #[test]
+    fn an_extra_row_takes_no_part_in_the_surrogate_kl_or_entropy() {
+        use cairn_plugin_sdk::{AuxTerm, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm};
+
+        let batch = [
+            turn_row(
+                1,
+                &[-1.0, -0.7, -2.5],
+                &[-1.2, -0.9, -2.0],
+                &[-1.0, -1.5, -2.0],
+            ),
+            turn_row(2, &[-0.4, -1.1], &[-0.5, -1.0], &[-0.6, -1.0]),
+        ];
+        let logp_batch = vec![vec![-1.1f32, -0.6, -2.5], vec![-0.3, -1.3]];
+        let entropy_batch = vec![vec![1.0f32, 2.0, 0.5], vec![1.5, 0.25]];
+        let plain = Signals {
+            advantages: vec![vec![1.0, 1.0, -1.0], vec![-0.5, 0.8]],
+            ..Signals::default()
+        };
+        // The same step with an extra row: the first row's response under another prompt,
+        // with large non-zero advantages (never read), no ℓ_ref, NaN behaviour log-probs (never
+        // read), the same rollout id as row 0, an aux term and a fixed teacher that target it
+        // only (EDGE's example: ℓ^S = [−0.5, −2.0, −0.1], ℓ^T = [−0.3, −0.8, −0.1]).
+        let mut extra = turn_row(1, &[-0.4, -1.9, -0.2], &[], &[f32::NAN; 3]);
+        extra.train_prompt_ids = Some(vec![9, 9, 9]);
+        let mut with_extra = plain.clone();
+        with_extra.extra_rows.push(extra.clone());
+        with_extra.advantages.push(vec![3.0, -2.0, 5.0]);
+        with_extra.aux.push(AuxTerm {
+            name: "aux".into(),
+            coef: 0.5,
+            coefficients: vec![vec![0.0; 3], vec![0.0; 2], vec![1.0, 0.0, -1.0]],
+        });
+        with_extra.teacher.push(TeacherTerm {
+            name: "opd".into(),
+            coef: 1.0,
+            form: TeacherForm::SampledReverseKl,
+            targets: vec![TeacherTarget {
+                row: 2,
+                weights: vec![1.0; 3],
+                source: TeacherSource::Fixed {
+                    logprobs: vec![-0.3, -0.8, -0.1],
+                    top_ids: vec![],
+                    top_logprobs: vec![],
+                },
+            }],
+        });
+        let extra_logp = vec![-0.5f32, -2.0, -0.1];
+        let rows_plain: Vec<&TurnRow> = batch.iter().collect();
+        let rows_extra: Vec<&TurnRow> = batch.iter().chain([&extra]).collect();
+        let step = |config: &ObjectiveConfig,
+                    rows: &[&TurnRow],
+                    signals: &Signals,
+                    indices: &[usize],
+                    logp: &[Vec<f32>],
+                    entropy: &[Vec<f32>]| {
+            let mut loss = RlLoss::from_rows(config, rows, signals, indices).unwrap();
+            let out = loss
+                .grads(
+                    0..indices.len(),
+                    &TokenScores {
+                        logp,
+                        entropy,
+                        teacher: &[],
+                    },
+                )
+                .unwrap();
+            loss.check_complete().unwrap();
+            (loss.report(), out.logp, out.entropy)
+        };
+        for aggregation in [
+            Aggregation::TokenMean,
+            Aggregation::SeqMeanTokenSum,
+            Aggregation::SeqMeanTokenMean,
+            Aggregation::PerRollout,
+        ] {
+            let config = ObjectiveConfig {
+                aggregation,
+                kl_coef: 0.1,
+                entropy_coef: 0.01,
+                off_policy: OffPolicy::Tis,
+                ..Default::default()
+            };
+            let (a, ga, ha) = step(
+                &config,
+                &rows_plain,
+                &plain,
+                &[0, 1],
+                &logp_batch,
+                &entropy_batch,
+            );
+            let mut logp = logp_batch.clone();
+            logp.push(extra_logp.clone());
+            let mut entropy = entropy_batch.clone();
+            entropy.push(vec![f32::NAN; 3]);
+            let (b, gb, hb) = step(
+                &config,
+                &rows_extra,
+                &with_extra,
+                &[0, 1, 2],
+                &logp,
+                &entropy,
+            );
+            let what = aggregation.as_str();
+            // The PPO, KL and entropy terms and the token metrics are those of the batch rows,
+            // bit for bit: the extra row is not in their normalisers.
+            assert_eq!(
+                (a.pg_loss, a.kl_loss, a.entropy_loss, a.kl, a.entropy),
+                (b.pg_loss, b.kl_loss, b.entropy_loss, b.kl, b.entropy),
+                "{what}"
+            );
+            assert_eq!((a.tokens, a.rows), (5, 2), "{what}");
+            assert_eq!((b.tokens, b.rows), (5, 2), "{what}");
+            assert_eq!(
+                (a.clip_fraction, a.ratio_mean, a.approx_kl_old_k3),
+                (b.clip_fraction, b.ratio_mean, b.approx_kl_old_k3),
+                "{what}"
+            );
+            assert_eq!(a.off_policy, b.off_policy, "{what}");
+            assert_ne!(a.pg_loss, 0.0);
+            assert_eq!(ga[..], gb[..2], "{what}: batch rows' ∂L/∂ℓ");
+            assert_eq!(ha[..], hb[..2], "{what}: batch rows' ∂L/∂H");
+            assert_eq!(
+                hb[2],
+                vec![0.0; 3],
+                "{what}: no entropy gradient on the extra row"
+            );
+            // The extra row is trained by its teacher and aux terms only. Teacher: over its own
+            // 3 active tokens (one row), values [0.1, 2.4, 0] and ∂ = [−0.2, −1.2, 0], times
+            // W = 1/3 (1 under seq-mean-token-sum). Aux: over all 8 tokens of the step, so
+            // under token-mean ∂ = 0.5 · [1, 0, −1] / 8.
+            let teacher_w = match aggregation {
+                Aggregation::SeqMeanTokenSum => 1.0,
+                _ => 1.0 / 3.0,
+            };
+            let t = &b.teacher[0];
+            close(t.loss, 2.5 * teacher_w, 1e-6, what);
+            let aux_w = match aggregation {
+                Aggregation::TokenMean => 1.0 / 8.0,
+                Aggregation::SeqMeanTokenSum => 1.0 / 3.0,
+                Aggregation::SeqMeanTokenMean => 1.0 / 9.0,
+                // Rollout 1 has the 3 + 3 tokens of row 0 and the extra row; 3 rows.
+                _ => 1.0 / 18.0,
+            };
+            let aux_loss = 0.5 * aux_w * (-0.5 + 0.1);
+            close(b.aux_losses[0].value, aux_loss, 1e-7, what);
+            close(b.loss, a.loss + t.loss + aux_loss, 1e-9, what);
+            for (l, (teacher, c)) in [(-0.2, 1.0), (-1.2, 0.0), (0.0, -1.0)]
+                .into_iter()
+                .enumerate()
+            {
+                let want = teacher * teacher_w + 0.5 * aux_w * c;
+                close(
+                    f64::from(gb[2][l]),
+                    want,
+                    1e-7,
+                    &format!("{what} token {l}"),
+                );
+            }
+            assert!(
+                gb[2][1] < -0.3,
+                "{what}: the teacher raises the token's probability"
+            );
+        }
+        // Without a term targeting it, an extra row gets no gradient at all.
+        let mut bare = plain.clone();
+        bare.extra_rows.push(extra.clone());
+        bare.advantages.push(vec![3.0, -2.0, 5.0]);
+        let mut logp = logp_batch.clone();
+        logp.push(extra_logp.clone());
+        let (report, g, _) = step(
+            &ObjectiveConfig::default(),
+            &rows_extra,
+            &bare,
+            &[0, 1, 2],
+            &logp,
+            &[],
+        );
+        assert_eq!(g[2], vec![0.0; 3]);
+        assert_eq!(report.tokens, 5);
+        // Non-finite advantages on an extra row are not read, hence no error.
+        bare.advantages[2] = vec![f32::NAN; 3];
+        step(
+            &ObjectiveConfig::default(),
+            &rows_extra,
+            &bare,
+            &[0, 1, 2],
+            &logp,
+            &[],
+        );
+    }
+
+    #[test]
+    fn credit_arrays_left_in_signals_compose_like_the_stack() {
+        // A^est = 0.8, scale 1.5 on token 1, add 0.2 everywhere → [1.0, 1.4]; the mask-0 token
+        // keeps its value. (The stack's answer carries them composed; a batch file given to
+        // `cairn loss` may not.)
+        let mut row = turn_row(1, &[-1.0, -1.0, -1.0], &[], &[-1.0; 3]);
+        row.response_mask = vec![1, 1, 0];
+        let signals = Signals {
+            advantages: vec![vec![0.8; 3]],
+            advantage_scale: vec![vec![1.0, 1.5, 9.0]],
+            advantage_add: vec![vec![0.2, 0.2, 9.0]],
+            ..Signals::default()
+        };
+        let config = ObjectiveConfig {
+            aggregation: Aggregation::SeqMeanTokenSum,
+            ..Default::default()
+        };
+        let mut loss = RlLoss::from_rows(&config, &[&row], &signals, &[0]).unwrap();
+        // At ρ = 1 the gradient is −A · w (w = 1).
+        let out = loss
+            .grads(0..1, &TokenScores::logp(&[vec![-1.0; 3]]))
+            .unwrap();
+        assert_eq!(out.logp[0], vec![-1.0, -1.4, 0.0]);
+        let mut short = signals.clone();
+        short.advantage_add = vec![];
+        short.advantage_scale = vec![vec![1.0; 3], vec![1.0]];
+        let e = RlLoss::from_rows(&config, &[&row], &short, &[0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("signals.advantage_scale has 2 rows but the step was given 1"),
+            "{e}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Teacher-target terms: distillation toward a teacher distribution with live gradients
 //! through the student (docs/algorithms/objective.md, "Teacher terms").
 //!
-//! Two per-token forms ([`TeacherForm`]), each weighted by the target's `w_l ≥ 0` and summed
+//! Three per-token forms ([`TeacherForm`]), each weighted by the target's `w_l ≥ 0` and summed
 //! over the term's *active* tokens (mask 1 and `w_l > 0`) with the objective's aggregation,
 //! whose normalisers come from the whole step's active tokens:
 //!
@@ -11,7 +11,12 @@
 //! * top-k reverse KL: with the student's log-probs `s_v` and the teacher's `t_v` at the
 //!   teacher's top-k ids, both renormalised over those ids (`q = s − lse(s)`,
 //!   `τ = t − lse(t)`, `p = e^q`): `x_l = w_l Σ_v p_v (q_v − τ_v)`, and
-//!   `∂x/∂s_j = w_l p_j (q_j − τ_j − Σ_v p_v (q_v − τ_v))`. The teacher side is detached.
+//!   `∂x/∂s_j = w_l p_j (q_j − τ_j − Σ_v p_v (q_v − τ_v))`;
+//! * top-k forward KL (UCOB's top-k OPD): on the same renormalised support, with `P = e^τ`,
+//!   `x_l = w_l Σ_v P_v (τ_v − q_v)`, and, since `∂q_v/∂s_j = δ_vj − p_j` and `Σ_v P_v = 1`,
+//!   `∂x/∂s_j = w_l (p_j Σ_v P_v − P_j) = w_l (p_j − P_j)`.
+//!
+//! The teacher side is detached in every form.
 //!
 //! This module holds the resolved targets of one step ([`StepTeacher`]), the per-token math,
 //! and the running sums; [`super::RlLoss`] drives it.
@@ -29,7 +34,8 @@ pub struct TeacherReport {
     /// `coef · agg(x)`: the term's share of the total loss.
     pub loss: f64,
     /// Token mean over the active tokens of the unweighted divergence: `ℓ^S − ℓ^T` (sampled
-    /// form, a k1 estimate of the reverse KL) or the renormalised top-k KL.
+    /// form, a k1 estimate of the reverse KL) or the renormalised top-k KL (reverse or
+    /// forward, as the form says).
     pub kl: f64,
     /// Active tokens (mask 1, weight > 0) processed so far.
     pub active_tokens: usize,
@@ -69,11 +75,20 @@ impl StepTeacher {
                 term.name, term.coef
             )));
         }
-        if term.form == (TeacherForm::TopKReverseKl { k: 0 }) {
-            return Err(input_error(format!(
-                "teacher term `{}`: top_k_reverse_kl needs k ≥ 1 (EDGE uses 20)",
-                term.name
-            )));
+        match term.form {
+            TeacherForm::TopKReverseKl { k: 0 } => {
+                return Err(input_error(format!(
+                    "teacher term `{}`: top_k_reverse_kl needs k ≥ 1 (EDGE uses 20)",
+                    term.name
+                )))
+            }
+            TeacherForm::TopKForwardKl { k: 0 } => {
+                return Err(input_error(format!(
+                    "teacher term `{}`: top_k_forward_kl needs k ≥ 1",
+                    term.name
+                )))
+            }
+            _ => {}
         }
         let mut seen = std::collections::HashSet::new();
         let mut targets = Vec::new();
@@ -112,7 +127,7 @@ impl StepTeacher {
     /// `k` of the top-k form, 0 for the sampled form.
     pub fn k(&self) -> usize {
         match self.form {
-            TeacherForm::TopKReverseKl { k } => k as usize,
+            TeacherForm::TopKReverseKl { k } | TeacherForm::TopKForwardKl { k } => k as usize,
             TeacherForm::SampledReverseKl => 0,
         }
     }
@@ -251,6 +266,25 @@ pub fn top_k_reverse_kl(s: &[f64], t: &[f64]) -> (f64, Vec<f64>) {
     (kl, grad)
 }
 
+/// `(KL_k, ∂KL_k/∂s)` of the teacher's log-probs `t` against the student's `s` at the same
+/// `k` ids (the forward direction, `KL(p^T ‖ p^S)` on the renormalised support; UCOB's top-k
+/// OPD). `∂KL_k/∂s_j = p^S_j − p^T_j`: the teacher is detached.
+pub fn top_k_forward_kl(s: &[f64], t: &[f64]) -> (f64, Vec<f64>) {
+    let (ls, lt) = (log_sum_exp(s), log_sum_exp(t));
+    let q: Vec<f64> = s.iter().map(|v| v - ls).collect();
+    let tau: Vec<f64> = t.iter().map(|v| v - lt).collect();
+    let kl: f64 = q.iter().zip(&tau).map(|(q, t)| t.exp() * (t - q)).sum();
+    // p_j · Σ_v P_v − P_j; Σ_v P_v is 1 up to rounding, kept so the gradient is exactly the
+    // derivative of the value computed above.
+    let mass: f64 = tau.iter().map(|t| t.exp()).sum();
+    let grad = q
+        .iter()
+        .zip(&tau)
+        .map(|(q, t)| q.exp() * mass - t.exp())
+        .collect();
+    (kl, grad)
+}
+
 /// Computes one target's values and gradients. `logp` is the row's current log-probs;
 /// `scores` the backend's answer to the target's request (None for a fixed sampled target);
 /// `row_weight` the target's aggregation weight `W`; `grad` the row's `∂L/∂ℓ`, which the
@@ -339,7 +373,10 @@ pub(crate) fn target_grads(
                 .iter()
                 .map(|&x| finite(x, "a teacher top-k log-prob", name, row, l))
                 .collect::<Result<Vec<f64>>>()?;
-            let (kl, dkl) = top_k_reverse_kl(&s, &t);
+            let (kl, dkl) = match term.form {
+                TeacherForm::TopKForwardKl { .. } => top_k_forward_kl(&s, &t),
+                _ => top_k_reverse_kl(&s, &t),
+            };
             out.weighted += row_weight * w * kl;
             for (g, d) in out.top_grads[span].iter_mut().zip(dkl) {
                 *g = (scale * w * d) as f32;
@@ -384,6 +421,112 @@ mod tests {
         let shifted: Vec<f64> = s.iter().map(|v| v - 3.0).collect();
         assert!((top_k_reverse_kl(&shifted, &t).0 - kl).abs() < 1e-12);
         assert!(grad.iter().sum::<f64>().abs() < 1e-12);
+    }
+
+    #[test]
+    fn top_k_forward_kl_matches_ucobs_toy_and_finite_differences() {
+        // UCOB's toy: teacher logits [2, 1, 0] → log p^T = [−0.4076, −1.4076, −2.4076];
+        // student [1, 1.5, 0] → log p^S = [−1.1041, −0.6041, −2.1041]; the forward KL over
+        // those three ids is d = Σ p^T (log p^T − log p^S) = 0.2394.
+        let t = [2.0, 1.0, 0.0];
+        let s = [1.0, 1.5, 0.0];
+        let lse = |x: &[f64]| x.iter().map(|v| v.exp()).sum::<f64>().ln();
+        let tau: Vec<f64> = t.iter().map(|v| v - lse(&t)).collect();
+        let q: Vec<f64> = s.iter().map(|v| v - lse(&s)).collect();
+        for (got, want) in tau.iter().zip([-0.4076, -1.4076, -2.4076]) {
+            assert!((got - want).abs() < 5e-5, "log p^T {got}");
+        }
+        for (got, want) in q.iter().zip([-1.1041, -0.6041, -2.1041]) {
+            assert!((got - want).abs() < 5e-5, "log p^S {got}");
+        }
+        let (d, grad) = top_k_forward_kl(&s, &t);
+        assert!((d - 0.2394).abs() < 5e-5, "{d}");
+        assert!((d - 0.239_401_361).abs() < 1e-8, "{d}");
+        // ∂d/∂s_j = p^S_j − p^T_j (the teacher detached): [−0.3337, 0.3018, 0.0319].
+        for (j, want) in [-0.333_742, 0.301_821, 0.031_921].iter().enumerate() {
+            assert!((grad[j] - want).abs() < 1e-6, "∂/∂s_{j}: {}", grad[j]);
+            let p_minus_p = q[j].exp() - tau[j].exp();
+            assert!((grad[j] - p_minus_p).abs() < 1e-12);
+            let h = 1e-6;
+            let (mut up, mut down) = (s, s);
+            up[j] += h;
+            down[j] -= h;
+            let fd = (top_k_forward_kl(&up, &t).0 - top_k_forward_kl(&down, &t).0) / (2.0 * h);
+            assert!((grad[j] - fd).abs() < 1e-8, "∂/∂s_{j}: {} vs {fd}", grad[j]);
+        }
+        // Renormalisation: a constant shift of either side changes nothing; the gradient sums
+        // to 0; the reverse direction is the other number of the pair.
+        let shifted: Vec<f64> = s.iter().map(|v| v - 3.0).collect();
+        let t_shifted: Vec<f64> = t.iter().map(|v| v + 1.5).collect();
+        assert!((top_k_forward_kl(&shifted, &t_shifted).0 - d).abs() < 1e-12);
+        assert!(grad.iter().sum::<f64>().abs() < 1e-12);
+        assert!((top_k_reverse_kl(&s, &t).0 - 0.245_251_092).abs() < 1e-8);
+        // Equal distributions: no divergence, no gradient.
+        let (zero, g0) = top_k_forward_kl(&t, &t);
+        assert!(zero.abs() < 1e-15 && g0.iter().all(|g| g.abs() < 1e-15));
+    }
+
+    /// The forward form through the loss, a fixed teacher at k = 3 on one token: the loss is
+    /// `coef · d` (token mean over one active token) and `∂L/∂s = coef · (p^S − p^T)`.
+    #[test]
+    fn top_k_forward_kl_through_the_loss_fixed_teacher() {
+        let row = turn_row(1, &[5, 6], &[1, 1], &[-0.5, -1.0]);
+        let t = [-0.407_606_f32, -1.407_606, -2.407_606];
+        let signals = Signals {
+            advantages: vec![vec![0.0; 2]],
+            teacher: vec![term(
+                "ucob-opd",
+                0.5,
+                TeacherForm::TopKForwardKl { k: 3 },
+                vec![TeacherTarget {
+                    row: 0,
+                    weights: vec![0.0, 2.0],
+                    source: TeacherSource::Fixed {
+                        logprobs: vec![],
+                        top_ids: vec![0, 0, 0, 11, 12, 13],
+                        top_logprobs: [[0.0; 3], t].concat(),
+                    },
+                }],
+            )],
+            ..Signals::default()
+        };
+        let mut loss =
+            RlLoss::from_rows(&ObjectiveConfig::default(), &[&row], &signals, &[0]).unwrap();
+        let requests = loss.teacher_requests(0..1).unwrap();
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests[0].ids, vec![0, 0, 0, 11, 12, 13]);
+        // The student's log-probs at the three ids (unnormalised: the form renormalises).
+        let answer = |_: &TeacherRequest| TeacherScores {
+            student_top_logprobs: vec![f32::NAN, f32::NAN, f32::NAN, -2.0, -1.5, -3.0],
+            ..Default::default()
+        };
+        let (report, g, top) = drive(&mut loss, &[vec![-0.5, -1.0]], &whole(1), &answer).unwrap();
+        let r = &report.teacher[0];
+        assert_eq!(r.active_tokens, 1);
+        // One active token with w = 2, coef 0.5: loss = 0.5 · (1 · 2 · d) = d.
+        assert!((r.loss - 0.2394).abs() < 5e-5, "{}", r.loss);
+        assert!((r.kl - 0.2394).abs() < 5e-5, "{}", r.kl);
+        assert_eq!(g, vec![vec![0.0, 0.0]], "the top-k form leaves ∂L/∂ℓ alone");
+        for (j, want) in [-0.333_742, 0.301_821, 0.031_921].iter().enumerate() {
+            // coef · W · w = 0.5 · 1 · 2 = 1.
+            assert!(
+                (f64::from(top[0].1[3 + j]) - want).abs() < 1e-5,
+                "{:?}",
+                top[0].1
+            );
+        }
+        assert!(top[0].1[..3].iter().all(|&x| x == 0.0));
+        // k = 0 is refused by name.
+        let mut k0 = signals.clone();
+        k0.teacher[0].form = TeacherForm::TopKForwardKl { k: 0 };
+        k0.teacher[0].targets.clear();
+        let e = RlLoss::from_rows(&ObjectiveConfig::default(), &[&row], &k0, &[0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("teacher term `ucob-opd`: top_k_forward_kl needs k ≥ 1"),
+            "{e}"
+        );
     }
 
     fn turn_row(trajectory: u64, response: &[u32], mask: &[u8], old: &[f32]) -> TurnRow {
@@ -569,8 +712,8 @@ mod tests {
         }
     }
 
-    /// Two rows (3 and 2 tokens), PG + four teacher terms: fixed sampled, live sampled, fixed
-    /// top-k, live top-k.
+    /// Two rows (3 and 2 tokens), PG + six teacher terms: fixed sampled, live sampled, fixed
+    /// top-k reverse, live top-k reverse, fixed top-k forward, live top-k forward.
     fn toy_step() -> (Toy, Vec<TurnRow>, Signals) {
         let z = vec![
             vec![
@@ -649,6 +792,26 @@ mod tests {
                     0.9,
                     TeacherForm::TopKReverseKl { k: 2 },
                     vec![live(1), live(0)],
+                ),
+                term(
+                    "fixed-forward-top3",
+                    0.8,
+                    TeacherForm::TopKForwardKl { k: 3 },
+                    vec![TeacherTarget {
+                        row: 1,
+                        weights: vec![1.5, 1.0],
+                        source: TeacherSource::Fixed {
+                            logprobs: vec![],
+                            top_ids: vec![3, 1, 4, 1, 0, 2],
+                            top_logprobs: vec![-0.4, -1.1, -2.6, -0.3, -1.9, -2.4],
+                        },
+                    }],
+                ),
+                term(
+                    "live-forward-top2",
+                    1.1,
+                    TeacherForm::TopKForwardKl { k: 2 },
+                    vec![live(0), live(1)],
                 ),
             ],
             ..Signals::default()
@@ -740,7 +903,7 @@ mod tests {
             signals.teacher = vec![signals.teacher[j].clone()];
             (toy, rows, signals)
         };
-        let cases = (0..4).map(|j| (Aggregation::TokenMean, only(j))).chain([
+        let cases = (0..6).map(|j| (Aggregation::TokenMean, only(j))).chain([
             (Aggregation::TokenMean, toy_step()),
             (Aggregation::SeqMeanTokenMean, toy_step()),
         ]);
@@ -760,8 +923,12 @@ mod tests {
             let mut loss = RlLoss::from_rows(&config, &refs, &signals, &[0, 1]).unwrap();
             let (report, g, top) =
                 drive(&mut loss, &toy.logp(), &whole(2), &|r| toy.answer(r)).unwrap();
-            if terms.len() == 4 {
-                assert_eq!(top.len(), 5, "2 live sampled, 1 fixed top-k, 2 live top-k");
+            if terms.len() == 6 {
+                assert_eq!(
+                    top.len(),
+                    8,
+                    "2 live sampled, 1 + 1 fixed top-k, 2 + 2 live top-k (reverse, forward)"
+                );
             }
             assert!(
                 report.teacher.iter().all(|t| t.loss.abs() > 1e-3),

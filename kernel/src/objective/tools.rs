@@ -565,6 +565,7 @@ mod tests {
                 },
             }],
         });
+        let without = run_loss(&example(), &kl_config(), 1).unwrap();
         input.signals = Some(signals.clone());
         input.current_logp.push(vec![-0.5, -2.0, -0.1]);
         let out = run_loss(&input, &kl_config(), 3).unwrap();
@@ -572,8 +573,14 @@ mod tests {
         let t = &out.report.teacher[0];
         close(t.loss, 2.5 / 3.0, "teacher loss");
         assert_eq!(t.active_tokens, 3);
-        // Token-mean over 11 tokens for the PPO/KL terms, over the 3 active ones for EDGE:
-        // ∂L/∂ℓ on the extra row = 0.01·(1 − e^0)/11 (k3 at ℓ = ℓ_ref) + [−0.2, −1.2, 0]/3.
+        // The extra row is not in the PPO/KL terms or their token-mean over the batch's 8
+        // tokens: those are the step's without it. Its ∂L/∂ℓ is EDGE's alone, over its 3
+        // active tokens: [−0.2, −1.2, 0]/3.
+        assert_eq!(
+            (out.report.pg_loss, out.report.kl_loss, out.report.tokens),
+            (without.report.pg_loss, without.report.kl_loss, 8)
+        );
+        assert_eq!(out.grad_logp[..4], without.grad_logp[..]);
         for (l, want) in [-0.2, -1.2, 0.0].iter().enumerate() {
             assert!((f64::from(out.grad_logp[4][l]) - want / 3.0).abs() < 1e-6);
         }

@@ -84,21 +84,31 @@ pub enum FailureKind {
     Panic,
     /// The environment gave no reply within the deadline.
     Timeout,
+    /// The algorithm's per-turn context hook gave a whole prompt
+    /// ([`TurnContext::Prompt`]) that leaves no room for `max_new_tokens` in the model's
+    /// context window: the plugin's context budget is too large for this model.
+    ContextOverflow,
 }
 
 impl FailureKind {
-    /// `error`, `panic` or `timeout` (the metric suffix: `episodes/failed_<kind>`).
+    /// `error`, `panic`, `timeout` or `context_overflow` (the metric suffix:
+    /// `episodes/failed_<kind>`).
     pub fn as_str(self) -> &'static str {
         match self {
             FailureKind::Error => "error",
             FailureKind::Panic => "panic",
             FailureKind::Timeout => "timeout",
+            FailureKind::ContextOverflow => "context_overflow",
         }
     }
 
     /// Every kind, in metric order.
-    pub const ALL: [FailureKind; 3] =
-        [FailureKind::Error, FailureKind::Panic, FailureKind::Timeout];
+    pub const ALL: [FailureKind; 4] = [
+        FailureKind::Error,
+        FailureKind::Panic,
+        FailureKind::Timeout,
+        FailureKind::ContextOverflow,
+    ];
 }
 
 impl std::fmt::Display for FailureKind {
@@ -311,12 +321,19 @@ fn step_episode(
 /// Plays every episode of `specs` to the end (done, or `max_turns`). With a `hook`, the
 /// context of each turn after the first is asked of it: it may keep the slot's context, switch
 /// it for this and later turns, or give the whole prompt of this turn (the row then records
-/// that prompt, and its `extra.prompt_override = true`).
+/// that prompt, the answer's `extra` entries, and `extra.prompt_override = true`; the kernel's
+/// keys win over the plugin's of the same name).
+///
+/// A hook's whole prompt that leaves no room for `max_new_tokens` in the context window fails
+/// that episode only ([`FailureKind::ContextOverflow`], like an environment fault: the turns
+/// it played go to [`Rollouts::failed_rows`]); the reason names the trajectory, the task, the
+/// turn, the prompt's length and the window, and says that the plugin's context budget is too
+/// large.
 ///
 /// # Errors
-/// A prompt that does not fit the context window, a failed generation or hook call, or a
-/// response the prompt builder cannot decode: these stop the whole call. Environment faults
-/// do not (see the module docs).
+/// A prompt the kernel built (the variant's injection and the observation) that does not fit
+/// the context window, a failed generation or hook call, or a response the prompt builder
+/// cannot decode: these stop the whole call. Environment faults do not (see the module docs).
 pub fn play(
     env: &Arc<dyn Environment>,
     builder: &dyn PromptBuilder,
@@ -344,7 +361,9 @@ pub fn play(
     }
     let mut turn = 0u32;
     while !live.is_empty() {
-        let mut overridden = vec![false; live.len()];
+        // Per live episode: the `extra` of the hook's whole prompt, when it gave one.
+        let mut overridden: Vec<Option<serde_json::Map<String, serde_json::Value>>> =
+            vec![None; live.len()];
         let mut prompts = Vec::with_capacity(live.len());
         for (i, l) in live.iter_mut().enumerate() {
             if let (Some(hook), true) = (hook.as_deref_mut(), turn > 0) {
@@ -361,8 +380,8 @@ pub fn play(
                 match hook(&request)? {
                     TurnContext::Keep => {}
                     TurnContext::Variant { variant } => l.spec.variant = variant,
-                    TurnContext::Prompt { prompt_ids } => {
-                        overridden[i] = true;
+                    TurnContext::Prompt { prompt_ids, extra } => {
+                        overridden[i] = Some(extra);
                         prompts.push(prompt_ids);
                         continue;
                     }
@@ -372,6 +391,46 @@ pub fn play(
         }
         if let Some(window) = params.context_window {
             let room = params.sampling.max_new_tokens as usize;
+            // A hook's whole prompt that does not fit fails its episode only.
+            let fits: Vec<bool> = prompts.iter().map(|p| p.len() + room <= window).collect();
+            if fits
+                .iter()
+                .zip(&overridden)
+                .any(|(&fits, o)| !fits && o.is_some())
+            {
+                let (mut kept_live, mut kept_prompts, mut kept_overridden) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                for (((l, prompt), o), fits) in live
+                    .into_iter()
+                    .zip(std::mem::take(&mut prompts))
+                    .zip(std::mem::take(&mut overridden))
+                    .zip(fits)
+                {
+                    if fits || o.is_none() {
+                        kept_live.push(l);
+                        kept_prompts.push(prompt);
+                        kept_overridden.push(o);
+                        continue;
+                    }
+                    let fault = Fault {
+                        kind: FailureKind::ContextOverflow,
+                        message: format!(
+                            "the per-turn context hook (the algorithm's next_context) gave a \
+                             prompt of {} tokens, and with max_new_tokens = {room} it does not \
+                             fit the model's context window of {window} tokens: the plugin's \
+                             context budget is too large; keep its prompts within {} tokens",
+                            prompt.len(),
+                            window.saturating_sub(room)
+                        ),
+                    };
+                    let Live { spec, rows, .. } = l;
+                    fail(&mut out, &spec, rows, "next_context", turn, fault);
+                }
+                (live, prompts, overridden) = (kept_live, kept_prompts, kept_overridden);
+                if live.is_empty() {
+                    break;
+                }
+            }
             for (l, prompt) in live.iter().zip(&prompts) {
                 if prompt.len() + room > window {
                     return Err(crate::Error::Other(format!(
@@ -431,8 +490,17 @@ pub fn play(
             });
             info.insert("action".into(), serde_json::Value::String(action));
             let mut extra = serde_json::Map::new();
-            if overridden {
+            if let Some(plugin_extra) = overridden {
+                extra = plugin_extra;
                 extra.insert("prompt_override".into(), serde_json::Value::Bool(true));
+            }
+            // The tool schemas the observation offered (the prompt shows them when the slot's
+            // tools are on), so `RenderRequest::for_row` renders this turn's prompt exactly.
+            if !observation.tools.is_empty() {
+                extra.insert(
+                    "tools".into(),
+                    serde_json::Value::Array(std::mem::take(&mut observation.tools)),
+                );
             }
             reward += outcome.reward;
             rows.push(TurnRow {
@@ -609,8 +677,9 @@ pub fn demonstrations(
     Ok((demos, failed))
 }
 
-/// Text for training a tokenizer on an environment: goals, observations, admissible actions and
-/// expert actions of `episodes` expert episodes on training tasks (never held-out tasks).
+/// Text for training a tokenizer on an environment: goals, observations, their tool schemas,
+/// admissible actions and expert actions of `episodes` expert episodes on training tasks (never
+/// held-out tasks).
 pub fn corpus(env: &dyn Environment, episodes: usize, max_turns: u32) -> Result<Vec<String>> {
     let info = env.info();
     let plain = ContextVariant::default();
@@ -626,6 +695,11 @@ pub fn corpus(env: &dyn Environment, episodes: usize, max_turns: u32) -> Result<
             let observation = episode.observation();
             lines.push(observation.text);
             lines.extend(observation.admissible_actions);
+            // The tool schemas a tools-on prompt shows (`Tools: [...]`), so their words are
+            // in the vocabulary too.
+            if !observation.tools.is_empty() {
+                lines.push(serde_json::Value::from(observation.tools).to_string());
+            }
             let Some(action) = episode.expert_action() else {
                 break;
             };
@@ -1097,5 +1171,160 @@ mod fault_tests {
         assert_eq!(f.kind, FailureKind::Panic);
         assert_eq!(f.message, "plugin `x`: panicked: boom");
         assert!(super::Fault::in_observation(&Observation::default()).is_none());
+    }
+
+    /// Plays three-turn episodes of `specs` (no environment fault) with `hook` and a context
+    /// window of 40 tokens (`max_new_tokens` 2).
+    fn run_with_hook(specs: &[EpisodeSpec], hook: &mut TurnHook<'_>) -> Result<Rollouts> {
+        let env: Arc<dyn Environment> = Arc::new(Faulty {
+            faults: vec![],
+            release: Arc::new(AtomicBool::new(true)),
+        });
+        let builder = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let params = PlayParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                max_new_tokens: 2,
+                stop_ids: vec![2],
+                seed: 0,
+            },
+            max_turns: 3,
+            step: 4,
+            context_window: Some(40),
+            env_timeout: None,
+            env_name: "faulty-test".into(),
+        };
+        let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
+            let one = Generation {
+                ids: vec![10, 2],
+                logprobs: vec![-0.5, -0.1],
+                finish_reason: FinishReason::Stop,
+            };
+            Ok((vec![one; prompts.len()], 0))
+        };
+        play(&env, &builder, specs, &params, &mut generate, Some(hook))
+    }
+
+    #[test]
+    fn a_hooks_prompt_records_its_extra_on_the_turns_row() {
+        let specs = [spec(0, 0, 0), spec(0, 1, 1)];
+        let mut hook = |r: &TurnContextRequest| {
+            Ok(if r.trajectory_id == 0 && r.turn == 1 {
+                let mut extra = serde_json::Map::new();
+                extra.insert("echo_records".into(), serde_json::json!([3, 1]));
+                // The kernel's key wins over a plugin's of the same name.
+                extra.insert("prompt_override".into(), serde_json::json!("mine"));
+                TurnContext::Prompt {
+                    prompt_ids: vec![7, 8, 9],
+                    extra,
+                }
+            } else {
+                TurnContext::Keep
+            })
+        };
+        let out = run_with_hook(&specs, &mut hook).unwrap();
+        assert!(out.failed.is_empty());
+        assert_eq!(out.rows.len(), 6);
+        let row = |traj: u64, turn: u32| {
+            out.rows
+                .iter()
+                .find(|r| r.trajectory_id == traj && r.turn == turn)
+                .unwrap()
+        };
+        let overridden = row(0, 1);
+        assert_eq!(overridden.prompt_ids, vec![7, 8, 9]);
+        assert_eq!(
+            serde_json::Value::Object(overridden.extra.clone()),
+            serde_json::json!({"echo_records": [3, 1], "prompt_override": true})
+        );
+        // Other turns record nothing.
+        for (traj, turn) in [(0, 0), (0, 2), (1, 1)] {
+            assert!(row(traj, turn).extra.is_empty(), "{traj} {turn}");
+        }
+    }
+
+    #[test]
+    fn a_hooks_prompt_beyond_the_context_window_fails_that_episode_only() {
+        // Trajectory 1's hook prompt at turn 2 is 39 tokens: with max_new_tokens = 2 it needs
+        // 41 of the 40-token window. Trajectory 0 plays on.
+        let specs = [spec(0, 0, 0), spec(0, 1, 1)];
+        let mut hook = |r: &TurnContextRequest| {
+            Ok(if r.trajectory_id == 1 && r.turn == 2 {
+                TurnContext::Prompt {
+                    prompt_ids: vec![5; 39],
+                    extra: Default::default(),
+                }
+            } else {
+                TurnContext::Keep
+            })
+        };
+        let out = run_with_hook(&specs, &mut hook).unwrap();
+        assert_eq!(out.trajectories.len(), 1);
+        assert_eq!(out.trajectories[0].trajectory_id, 0);
+        assert_eq!(out.rows.len(), 3);
+        assert_eq!(out.failed.len(), 1);
+        let f = &out.failed[0];
+        assert_eq!(
+            (f.trajectory_id, f.group_id, f.kind),
+            (1, 0, FailureKind::ContextOverflow)
+        );
+        assert_eq!(
+            f.reason,
+            "next_context of task t1 (trajectory 1, turn 2): the per-turn context hook (the \
+             algorithm's next_context) gave a prompt of 39 tokens, and with max_new_tokens = 2 \
+             it does not fit the model's context window of 40 tokens: the plugin's context \
+             budget is too large; keep its prompts within 38 tokens"
+        );
+        // The two turns it played are kept as failed rows, marked with the kind.
+        assert_eq!(out.failed_rows.len(), 2);
+        assert!(out
+            .failed_rows
+            .iter()
+            .all(|r| r.trajectory_id == 1 && r.extra["failed"] == "context_overflow"));
+        assert_eq!(FailureKind::ContextOverflow.as_str(), "context_overflow");
+        // A prompt of exactly window − max_new_tokens fits.
+        let mut fits = |r: &TurnContextRequest| {
+            Ok(if r.turn == 1 {
+                TurnContext::Prompt {
+                    prompt_ids: vec![5; 38],
+                    extra: Default::default(),
+                }
+            } else {
+                TurnContext::Keep
+            })
+        };
+        let out = run_with_hook(&specs, &mut fits).unwrap();
+        assert!(out.failed.is_empty());
+        assert_eq!(out.rows.len(), 6);
+        // Every episode failing this way ends the call normally.
+        let mut all = |_: &TurnContextRequest| {
+            Ok(TurnContext::Prompt {
+                prompt_ids: vec![5; 40],
+                extra: Default::default(),
+            })
+        };
+        let out = run_with_hook(&specs, &mut all).unwrap();
+        assert_eq!((out.failed.len(), out.failed_rows.len()), (2, 2));
+        assert!(out.rows.is_empty());
+    }
+
+    #[test]
+    fn a_kernel_built_prompt_beyond_the_context_window_is_still_an_error() {
+        let mut long = spec(0, 0, 0);
+        long.variant.inject = vec!["word"; 60].join(" ");
+        let mut keep = |_: &TurnContextRequest| Ok(TurnContext::Keep);
+        let e = run_with_hook(&[long], &mut keep).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "does not fit the model's context window of 40 tokens; shorten what the \
+                        variant injects"
+            ),
+            "{e}"
+        );
     }
 }

@@ -16,14 +16,17 @@
 //! `max_retries` times, waiting `retry_backoff_ms` and doubling the wait each time; other HTTP
 //! errors are not retried. The last failure is reported: a timeout as
 //! [`FailureKind::Timeout`](super::FailureKind::Timeout), everything else as an error. A reply
-//! without an entry is unparseable and not retried (the endpoint answered).
+//! without an entry is unparseable and not retried (the endpoint answered). A request with a
+//! JSON reply format ([`super::format::JsonReply`]) is different: a reply that is not the
+//! requested JSON object is re-asked, up to the format's `retries` ([`super::ask`]); each
+//! re-ask is a new request with its own transport retries.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{excerpt, parse_reply, render_prompt, Draft, Job, ReflectionFailure, Reflector};
+use super::{ask, excerpt, Draft, Job, ReflectionFailure, Reflector};
 use crate::config::EndpointConfig;
 use crate::rollout::prompt::TextCodec;
 
@@ -140,6 +143,40 @@ impl EndpointReflector {
         }
     }
 
+    /// The content of the endpoint's reply to one prompt, retrying transport failures
+    /// (timeouts, failed connections, HTTP 408, 429, 5xx) up to `max_retries` times.
+    fn content(&self, prompt: &str) -> Result<String, ReflectionFailure> {
+        let body = json!({
+            "model": self.settings.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.settings.max_tokens,
+            "temperature": self.settings.temperature,
+        })
+        .to_string();
+        let attempts = self.settings.max_retries + 1;
+        let mut backoff = Duration::from_millis(self.settings.retry_backoff_ms);
+        let mut attempt = 1;
+        loop {
+            let failed = match self.attempt(&body) {
+                Ok(content) => return Ok(content),
+                Err(failed) => failed,
+            };
+            if !failed.retry || attempt == attempts {
+                let mut failure = failed.failure;
+                if attempt > 1 {
+                    failure
+                        .reason
+                        .push_str(&format!(" (after {attempt} attempts)"));
+                }
+                return Err(failure);
+            }
+            tracing::debug!(url = %self.url, attempt, reason = %failed.failure, "reflection attempt failed; retrying");
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            attempt += 1;
+        }
+    }
+
     fn transport_failure(&self, e: ureq::Error) -> AttemptFailure {
         let timed_out = match &e {
             ureq::Error::Timeout(_) => true,
@@ -187,44 +224,10 @@ impl Reflector for EndpointReflector {
     }
 
     fn reflect(&mut self, job: &Job) -> Result<Draft, ReflectionFailure> {
-        let prompt = render_prompt(job, self.codec.as_ref())?;
-        let body = json!({
-            "model": self.settings.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": self.settings.max_tokens,
-            "temperature": self.settings.temperature,
+        let codec = self.codec.clone();
+        let who = format!("the reply of {}", self.url);
+        ask(job, codec.as_ref(), &who, |prompt, _attempt| {
+            self.content(prompt)
         })
-        .to_string();
-        let attempts = self.settings.max_retries + 1;
-        let mut backoff = Duration::from_millis(self.settings.retry_backoff_ms);
-        let mut attempt = 1;
-        loop {
-            let failed = match self.attempt(&body) {
-                Ok(content) => {
-                    return parse_reply(&content).ok_or_else(|| {
-                        ReflectionFailure::unparseable(format!(
-                            "the reply of {} has no <entry>…</entry> and no JSON object with a \
-                             \"text\": {}",
-                            self.url,
-                            excerpt(&content)
-                        ))
-                    })
-                }
-                Err(failed) => failed,
-            };
-            if !failed.retry || attempt == attempts {
-                let mut failure = failed.failure;
-                if attempt > 1 {
-                    failure
-                        .reason
-                        .push_str(&format!(" (after {attempt} attempts)"));
-                }
-                return Err(failure);
-            }
-            tracing::debug!(url = %self.url, attempt, reason = %failed.failure, "reflection attempt failed; retrying");
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-            attempt += 1;
-        }
     }
 }

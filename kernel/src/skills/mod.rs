@@ -9,11 +9,14 @@
 //! - [`policy::PolicyReflector`]: the policy answers the reflection prompt (SEED, OPID);
 //! - [`endpoint::EndpointReflector`]: an OpenAI-compatible chat endpoint answers it.
 //!
-//! The two model-backed reflectors send [`render_prompt`]'s text and read the entry out of the
-//! reply with [`parse_reply`]; a reply without an entry is a [`FailureKind::Unparseable`]
-//! failure and nothing is stored.
+//! The two model-backed reflectors ask through [`ask`]: they send [`render_prompt`]'s text and
+//! read the entry out of the reply with [`parse_reply`]; a reply without an entry is a
+//! [`FailureKind::Unparseable`] failure and nothing is stored. A request whose `extra` holds a
+//! `reply_format` ([`format::JsonReply`]) wants a JSON object with given keys instead: an
+//! invalid reply is re-asked up to the format's `retries`, then fails as unparseable.
 
 pub mod endpoint;
+pub mod format;
 pub mod policy;
 pub mod template;
 
@@ -90,12 +93,29 @@ impl Job {
     }
 }
 
-/// The entry a reflector produced: its text and optional trigger. Everything else on the
-/// entry (kind, status, parent, task, extra, provenance) comes from the request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The entry a reflector produced: its text and optional trigger, and for a request with a
+/// reply format the accepted JSON object. Everything else on the entry (kind, status, parent,
+/// task, extra, provenance) comes from the request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Draft {
     pub text: String,
     pub trigger: Option<String>,
+    /// The reply's JSON object (a request with a [`format::JsonReply`]); stored on the entry's
+    /// `extra` as `reply`.
+    pub reply: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Re-asks after invalid replies before this one was accepted (`skills/reasked`).
+    pub reasked: u32,
+}
+
+impl Draft {
+    /// A draft with this text and trigger (no JSON reply, no re-asks).
+    pub fn new(text: impl Into<String>, trigger: Option<String>) -> Draft {
+        Draft {
+            text: text.into(),
+            trigger,
+            ..Draft::default()
+        }
+    }
 }
 
 /// Why a reflection produced no entry; counted under its kind's metric and reported to the
@@ -105,6 +125,8 @@ pub struct ReflectionFailure {
     pub kind: FailureKind,
     /// What happened, naming the URL, key or trajectory involved.
     pub reason: String,
+    /// Re-asks after invalid replies before the reflection failed (`skills/reasked`).
+    pub reasked: u32,
 }
 
 /// The metric a failure counts under.
@@ -124,18 +146,21 @@ impl ReflectionFailure {
         ReflectionFailure {
             kind: FailureKind::Unparseable,
             reason: reason.into(),
+            reasked: 0,
         }
     }
     pub fn timeout(reason: impl Into<String>) -> Self {
         ReflectionFailure {
             kind: FailureKind::Timeout,
             reason: reason.into(),
+            reasked: 0,
         }
     }
     pub fn error(reason: impl Into<String>) -> Self {
         ReflectionFailure {
             kind: FailureKind::Error,
             reason: reason.into(),
+            reasked: 0,
         }
     }
 }
@@ -209,9 +234,14 @@ applies only in some situations, add the situation between <trigger> and </trigg
 
 /// The text a model-backed reflector sends: the request's prompt, each trajectory (task,
 /// outcome, then per turn the observation, the action and the environment's feedback), then
-/// [`REPLY_FORMAT`]. An action is the row's `info.action` (set by the rollout actor), else the
-/// decoded sampled ids.
+/// [`REPLY_FORMAT`], or the JSON instruction of the request's reply format
+/// ([`format::JsonReply::instruction`]). An action is the row's `info.action` (set by the
+/// rollout actor), else the decoded sampled ids. A malformed reply format is an error.
 pub fn render_prompt(job: &Job, codec: &dyn TextCodec) -> Result<String, ReflectionFailure> {
+    let instruction = match format::JsonReply::of(&job.request)? {
+        Some(json) => json.instruction(),
+        None => REPLY_FORMAT.to_string(),
+    };
     let mut out = String::new();
     if !job.request.prompt.is_empty() {
         out.push_str(job.request.prompt.trim_end());
@@ -237,8 +267,62 @@ pub fn render_prompt(job: &Job, codec: &dyn TextCodec) -> Result<String, Reflect
         }
         out.push('\n');
     }
-    out.push_str(REPLY_FORMAT);
+    out.push_str(&instruction);
     Ok(out)
+}
+
+/// Asks a model-backed reflector's question and reads the entry out of the reply.
+///
+/// `reply_to(prompt, attempt)` sends one prompt and returns the model's reply text (attempt 0
+/// is the first ask); its errors end the reflection as they are. `who` names the replier in
+/// failure reasons (`the policy's reply`, `the reply of <url>`).
+/// - Without a reply format: one ask, read with [`parse_reply`]; no entry is unparseable.
+/// - With a [`format::JsonReply`]: a reply that is not a JSON object with the format's keys is
+///   re-asked ([`format::JsonReply::reask`]) up to `retries` times; after the last invalid
+///   reply the reflection fails as unparseable, naming the fault and the attempts.
+pub fn ask(
+    job: &Job,
+    codec: &dyn TextCodec,
+    who: &str,
+    mut reply_to: impl FnMut(&str, u32) -> Result<String, ReflectionFailure>,
+) -> Result<Draft, ReflectionFailure> {
+    let prompt = render_prompt(job, codec)?;
+    let Some(json) = format::JsonReply::of(&job.request)? else {
+        let reply = reply_to(&prompt, 0)?;
+        return parse_reply(&reply).ok_or_else(|| {
+            ReflectionFailure::unparseable(format!(
+                "{who} has no <entry>…</entry> and no JSON object with a \"text\": {}",
+                excerpt(&reply)
+            ))
+        });
+    };
+    let mut asked = prompt.clone();
+    let mut attempt = 0;
+    loop {
+        let reply = reply_to(&asked, attempt).map_err(|mut failure| {
+            failure.reasked = attempt;
+            failure
+        })?;
+        match json.check(&reply) {
+            Ok(object) => return Ok(json.draft(object, attempt)),
+            Err(fault) if attempt == json.retries => {
+                let mut failure = ReflectionFailure::unparseable(format!(
+                    "{who} is not a JSON object with the requested keys ({fault}) after {} \
+                     attempt{}: {}",
+                    attempt + 1,
+                    if attempt == 0 { "" } else { "s" },
+                    excerpt(&reply)
+                ));
+                failure.reasked = attempt;
+                return Err(failure);
+            }
+            Err(fault) => {
+                tracing::debug!(ticket = job.ticket, attempt, %fault, "invalid JSON reply; re-asking");
+                asked = json.reask(&prompt, &reply, &fault);
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// The action text of a row: `info.action`, else its sampled (mask 1) ids decoded.
@@ -311,11 +395,13 @@ fn tagged(reply: &str) -> Option<Draft> {
         }
     }
     let text = text.trim();
-    (!text.is_empty()).then(|| Draft {
-        text: text.to_string(),
-        trigger: trigger
-            .map(|t| reply[t.inner].trim().to_string())
-            .filter(|t| !t.is_empty()),
+    (!text.is_empty()).then(|| {
+        Draft::new(
+            text,
+            trigger
+                .map(|t| reply[t.inner].trim().to_string())
+                .filter(|t| !t.is_empty()),
+        )
     })
 }
 
@@ -347,13 +433,15 @@ fn json_object(reply: &str) -> Option<Draft> {
                 return None;
             };
             let text = object.get("text")?.as_str()?.trim();
-            (!text.is_empty()).then(|| Draft {
-                text: text.to_string(),
-                trigger: object
-                    .get("trigger")
-                    .and_then(|t| t.as_str())
-                    .map(|t| t.trim().to_string())
-                    .filter(|t| !t.is_empty()),
+            (!text.is_empty()).then(|| {
+                Draft::new(
+                    text,
+                    object
+                        .get("trigger")
+                        .and_then(|t| t.as_str())
+                        .map(|t| t.trim().to_string())
+                        .filter(|t| !t.is_empty()),
+                )
             })
         })
 }

@@ -10,7 +10,17 @@
 //!
 //! Actions are the rows' `info.action` (the rollout actor sets it); a row without one, or a
 //! request without rows, is an error. The entry has no trigger.
+//!
+//! A request with a JSON reply format ([`super::format::JsonReply`]) gets a JSON object with
+//! its keys, from the same trajectory: a `string` or `any` key holds the text above; an
+//! `object` key maps each turn whose action was rejected (feedback −1) to
+//! ``"`{a_t}` got: rejected"``, keyed by the turn index as a string (`{}` when no turn was
+//! rejected; OPID's step skills); an `array` key holds `[]`, a `number` key the episode
+//! reward, a `boolean` key the success. The entry's text follows the format's `text_key`.
 
+use serde_json::{json, Map, Value};
+
+use super::format::{JsonReply, JsonType};
 use super::{feedback_word, Draft, Job, ReflectionFailure, Reflector};
 
 /// The entry text for a successful trajectory with these actions, by turn:
@@ -76,9 +86,34 @@ impl Reflector for TemplateReflector {
                 feedback_word(last.feedback)
             )
         };
-        Ok(Draft {
-            text,
-            trigger: None,
-        })
+        let Some(format) = JsonReply::of(&job.request)? else {
+            return Ok(Draft::new(text, None));
+        };
+        let rejected: Map<String, Value> = rows
+            .iter()
+            .zip(&actions)
+            .filter(|(row, _)| row.feedback < 0)
+            .map(|(row, a)| {
+                (
+                    row.turn.to_string(),
+                    json!(format!("`{a}` got: {}", feedback_word(row.feedback))),
+                )
+            })
+            .collect();
+        let object: Map<String, Value> = format
+            .keys
+            .iter()
+            .map(|(key, ty)| {
+                let value = match ty {
+                    JsonType::String | JsonType::Any => json!(text),
+                    JsonType::Object => Value::Object(rejected.clone()),
+                    JsonType::Array => json!([]),
+                    JsonType::Number => json!(rows[0].episode_reward),
+                    JsonType::Boolean => json!(rows[0].success),
+                };
+                (key.clone(), value)
+            })
+            .collect();
+        Ok(format.draft(object, 0))
     }
 }

@@ -138,6 +138,7 @@ fn expected_entry(text: &str, trajectories: &[u64], ticket: u64, writer: &str) -
         text: text.into(),
         trigger: None,
         task_id: Some("mug-3".into()),
+        trajectory_id: None,
         parent: Some(5),
         status: EntryStatus::UnderTest,
         provenance: Provenance {
@@ -239,10 +240,7 @@ impl Reflector for Gated {
         self.0
             .recv_timeout(Duration::from_secs(20))
             .map_err(|e| ReflectionFailure::timeout(format!("gate: {e}")))?;
-        Ok(Draft {
-            text: format!("entry {}", job.ticket),
-            trigger: None,
-        })
+        Ok(Draft::new(format!("entry {}", job.ticket), None))
     }
 }
 
@@ -337,6 +335,15 @@ const VOCAB: [&str; 11] = [
 /// The policy reflector's entries come from the policy actor's generation (the null backend
 /// answers every prompt with `response`).
 fn policy_reflection(response: Vec<u32>) -> (Finished, Vec<PutEntries>) {
+    policy_reflection_with(VOCAB.to_vec(), response, request(&[2]))
+}
+
+/// [`policy_reflection`] over a vocabulary and a request of the test's own.
+fn policy_reflection_with(
+    vocab: Vec<&'static str>,
+    response: Vec<u32>,
+    asked: ReflectionRequest,
+) -> (Finished, Vec<PutEntries>) {
     System::new().block_on(async move {
         let policy = SyncArbiter::start(1, move || {
             PolicyActor::new(Box::new(NullBackend {
@@ -345,9 +352,9 @@ fn policy_reflection(response: Vec<u32>) -> (Finished, Vec<PutEntries>) {
                 ..Default::default()
             }))
         });
-        let codec = Arc::new(Words(VOCAB.to_vec()));
+        let codec = Arc::new(Words(vocab.clone()));
         let builder = Arc::new(PlainPrompt {
-            codec: Words(VOCAB.to_vec()),
+            codec: Words(vocab),
             separator: vec![2],
             stop_ids: vec![0],
         });
@@ -372,11 +379,7 @@ fn policy_reflection(response: Vec<u32>) -> (Finished, Vec<PutEntries>) {
         }
         .start();
         let skills = SkillCreatorActor::new(&config, bank.recipient(), reflector).start();
-        let tickets = skills
-            .send(reflect(vec![request(&[2])]))
-            .await
-            .unwrap()
-            .unwrap();
+        let tickets = skills.send(reflect(vec![asked])).await.unwrap().unwrap();
         assert_eq!(tickets, [1]);
         let finished = take_until(&skills, 1).await;
         let puts = std::mem::take(&mut *puts.lock());
@@ -526,10 +529,7 @@ fn skills_config_keys_are_checked_and_named() {
 }
 
 fn check_reply(reply: &str, expected: Option<(&str, Option<&str>)>) {
-    let expected = expected.map(|(text, trigger)| Draft {
-        text: text.into(),
-        trigger: trigger.map(Into::into),
-    });
+    let expected = expected.map(|(text, trigger)| Draft::new(text, trigger.map(Into::into)));
     assert_eq!(skills::parse_reply(reply), expected, "reply: {reply:?}");
 }
 
@@ -631,4 +631,201 @@ fn prompts_render_trajectories_then_the_reply_format() {
          Answer with the entry between <entry> and </entry>. If it applies only in some \
          situations, add the situation between <trigger> and </trigger>."
     );
+}
+
+/// OPID's analyzer format: an episode skill (the entry's text) and step skills by turn.
+fn json_request(trajectories: &[u64], retries: u32) -> ReflectionRequest {
+    let mut r = request(trajectories);
+    r.extra.insert(
+        "reply_format".into(),
+        json!({
+            "json_keys": {"episode_skill": "string", "step_skills": "object"},
+            "retries": retries,
+            "text_key": "episode_skill"
+        }),
+    );
+    r
+}
+
+/// Words whose space-joined decoding is JSON: ids 3.. spell
+/// `{"episode_skill": "look", "step_skills": {"1": "open", "0": "look"}}`.
+const JSON_VOCAB: [&str; 12] = [
+    "<stop>",
+    "<unk>",
+    "<sep>",
+    "{\"episode_skill\":",
+    "\"look\",",
+    "\"step_skills\":",
+    "{\"1\":",
+    "\"open\",",
+    "\"0\":",
+    "\"look\"}}",
+    "hmm",
+    "{}}",
+];
+
+#[test]
+fn a_json_reply_of_the_policy_is_stored_with_the_object_in_extra() {
+    let (finished, puts) = policy_reflection_with(
+        JSON_VOCAB.to_vec(),
+        vec![3, 4, 5, 6, 7, 8, 9, 0],
+        json_request(&[2], 2),
+    );
+    assert_eq!(finished.failed, []);
+    assert_eq!(finished.new_entries, [100]);
+    assert_eq!(metric(&finished, "skills/reasked"), 0.0);
+    let mut want = expected_entry("look", &[2], 1, "skill-creator:policy");
+    want.extra.insert(
+        "reply_format".into(),
+        json_request(&[2], 2).extra["reply_format"].clone(),
+    );
+    want.extra.insert(
+        "reply".into(),
+        json!({"episode_skill": "look", "step_skills": {"1": "open", "0": "look"}}),
+    );
+    want.extra.insert("reply_attempts".into(), json!(1));
+    assert_eq!(puts[0].entries, [want]);
+    // The key order of the reply is kept (OPID takes its first K step skills in that order).
+    let reply = puts[0].entries[0].extra["reply"]["step_skills"]
+        .as_object()
+        .unwrap();
+    assert_eq!(reply.keys().collect::<Vec<_>>(), ["1", "0"]);
+}
+
+#[test]
+fn an_invalid_json_reply_is_reasked_then_counted_as_unparseable() {
+    // "hmm" every time: the first reply and two re-asks fail; nothing is stored.
+    let (finished, puts) =
+        policy_reflection_with(JSON_VOCAB.to_vec(), vec![10, 0], json_request(&[2], 2));
+    assert!(puts.is_empty());
+    assert!(finished.new_entries.is_empty());
+    assert_eq!(metric(&finished, "skills/unparseable"), 1.0);
+    assert_eq!(metric(&finished, "skills/reasked"), 2.0);
+    assert_eq!(metric(&finished, "skills/errors"), 0.0);
+    assert_eq!(finished.failed.len(), 1);
+    assert_eq!(
+        finished.failed[0].1,
+        "the policy's reply is not a JSON object with the requested keys (the reply holds no \
+         JSON object) after 3 attempts: \"hmm\""
+    );
+    // A JSON object without `step_skills`, with no re-asks allowed: one attempt.
+    let (finished, _) =
+        policy_reflection_with(JSON_VOCAB.to_vec(), vec![3, 9, 0], json_request(&[2], 0));
+    assert_eq!(metric(&finished, "skills/reasked"), 0.0);
+    assert_eq!(
+        finished.failed[0].1,
+        r#"the policy's reply is not a JSON object with the requested keys (the JSON object has no key "step_skills") after 1 attempt: "{\"episode_skill\": \"look\"}}""#
+    );
+}
+
+/// Replies from a script, one per ask; records the prompts.
+struct Scripted {
+    replies: Vec<&'static str>,
+    prompts: Arc<Mutex<Vec<String>>>,
+}
+
+impl Reflector for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    fn reflect(&mut self, job: &Job) -> Result<Draft, ReflectionFailure> {
+        let codec = Words(VOCAB.to_vec());
+        skills::ask(job, &codec, "the script's reply", |prompt, attempt| {
+            self.prompts.lock().push(prompt.to_string());
+            Ok(self.replies[attempt as usize].to_string())
+        })
+    }
+}
+
+#[test]
+fn a_reask_after_an_invalid_reply_can_succeed_and_counts() {
+    let prompts = Arc::new(Mutex::new(Vec::new()));
+    let scripted = Scripted {
+        replies: vec![
+            r#"{"episode_skill": "open the drawer first"}"#,
+            r#"Fixed: {"episode_skill": "open the drawer first", "step_skills": {"1": "look"}}"#,
+        ],
+        prompts: prompts.clone(),
+    };
+    let (finished, puts) = System::new().block_on(async move {
+        let puts = Arc::new(Mutex::new(Vec::new()));
+        let bank = BankStub {
+            puts: puts.clone(),
+            next: 0,
+        }
+        .start();
+        let skills = SkillCreatorActor::new(
+            &SkillsConfig::default(),
+            bank.recipient(),
+            Box::new(scripted),
+        )
+        .start();
+        skills
+            .send(reflect(vec![json_request(&[1], 2)]))
+            .await
+            .unwrap()
+            .unwrap();
+        let finished = take_until(&skills, 1).await;
+        let puts = std::mem::take(&mut *puts.lock());
+        (finished, puts)
+    });
+    assert_eq!(finished.new_entries, [100]);
+    assert_eq!(metric(&finished, "skills/reasked"), 1.0);
+    let entry = &puts[0].entries[0];
+    assert_eq!(entry.text, "open the drawer first");
+    assert_eq!(entry.extra["reply_attempts"], 2);
+    assert_eq!(entry.extra["reply"]["step_skills"], json!({"1": "look"}));
+    let prompts = prompts.lock();
+    assert_eq!(prompts.len(), 2);
+    let instruction = "Answer with one JSON object and nothing else. It must have the keys \
+                       \"episode_skill\" (a non-empty string), \"step_skills\" (a JSON object).";
+    assert!(prompts[0].starts_with("What worked?\n\nTrajectory 1 (task mug-3): failed"));
+    assert!(prompts[0].ends_with(instruction), "{}", prompts[0]);
+    assert_eq!(
+        prompts[1],
+        format!(
+            "{}\n\nYour previous answer could not be used: the JSON object has no key \
+             \"step_skills\".\nPrevious answer:\n{}\n\nReturn only one valid JSON object with the \
+             keys \"episode_skill\" (a non-empty string), \"step_skills\" (a JSON object).",
+            prompts[0], r#"{"episode_skill": "open the drawer first"}"#
+        )
+    );
+}
+
+#[test]
+fn the_template_reflector_answers_a_json_format_from_the_rows() {
+    let json = |trajectories: &[u64]| {
+        let job = Job::new(1, json_request(trajectories, 2), &rows());
+        TemplateReflector.reflect(&job).unwrap()
+    };
+    // Trajectory 1 failed; its turn 1 was rejected.
+    let failed = json(&[1]);
+    let text = "failed after 2 turns; the last action `take mug 9` got: rejected";
+    assert_eq!(failed.text, text);
+    assert_eq!(
+        serde_json::Value::Object(failed.reply.unwrap()),
+        json!({"episode_skill": text, "step_skills": {"1": "`take mug 9` got: rejected"}})
+    );
+    let solved = json(&[2]);
+    assert_eq!(
+        serde_json::Value::Object(solved.reply.unwrap()),
+        json!({
+            "episode_skill": "solved in 2 turns: open drawer 1; take mug 1 from drawer 1",
+            "step_skills": {}
+        })
+    );
+    // A malformed format is an error naming the key, for every reflector.
+    let mut bad = request(&[1]);
+    bad.extra
+        .insert("reply_format".into(), json!({"json_keys": {"a": "text"}}));
+    let e = TemplateReflector
+        .reflect(&Job::new(1, bad.clone(), &rows()))
+        .unwrap_err();
+    assert!(
+        e.reason.starts_with(
+            "the request's `extra.reply_format` is not a valid reply format: `json_keys.a`"
+        ),
+        "{e}"
+    );
+    assert!(skills::render_prompt(&Job::new(1, bad, &rows()), &Words(VOCAB.to_vec())).is_err());
 }

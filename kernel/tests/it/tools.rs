@@ -204,3 +204,84 @@ fn a_tools_off_slot_has_its_tool_call_refused() {
     let text = qwen3().decode(&out.rows[0].prompt_ids).expect("decodes");
     assert!(text.contains("<tools>"), "{text}");
 }
+
+/// A row records the tool schemas its observation offered (`extra.tools`), so
+/// `RenderRequest::for_row` with the row's own variant renders its prompt exactly, tools on or
+/// off: what a teacher or other-view re-render (EDGE, SDAR, UCOB, OPID) needs on a tool
+/// environment. Without the schemas the tools-on prompt would lose its `<tools>` block.
+#[test]
+fn for_row_renders_a_tool_rows_prompt_exactly() {
+    let (_dir, env) = toolcalc();
+    let builder = chat();
+    let answer = qwen3().encode("answer: 110").expect("encodes");
+    let ids: Vec<u32> = [&answer[..], &[builder.format.end_of_turn()]].concat();
+    let specs: Vec<EpisodeSpec> = [true, false]
+        .into_iter()
+        .enumerate()
+        .map(|(i, tools)| EpisodeSpec {
+            group_id: 0,
+            trajectory_id: i as u64,
+            task: TASK,
+            task_id: "calc-train-0000".into(),
+            seed: 0,
+            variant: variant(tools),
+        })
+        .collect();
+    let params = PlayParams {
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: 64,
+            stop_ids: builder.stop_ids().to_vec(),
+            seed: 1,
+        },
+        max_turns: 4,
+        step: 0,
+        context_window: None,
+        env_timeout: Some(std::time::Duration::from_secs(60)),
+        env_name: "toolcalc".into(),
+    };
+    let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
+        let generations = prompts
+            .iter()
+            .map(|_| Generation {
+                logprobs: vec![-0.5; ids.len()],
+                ids: ids.clone(),
+                finish_reason: FinishReason::Stop,
+            })
+            .collect();
+        Ok((generations, 0))
+    };
+    let env: std::sync::Arc<dyn cairn_plugin_sdk::Environment> = std::sync::Arc::new(env);
+    let out = play(&env, &builder, &specs, &params, &mut generate, None).expect("plays");
+    assert_eq!(out.rows.len(), 2);
+    // The tools-on slot's observation offered `calc`; a slot started with tools off is offered
+    // none, and its row records none.
+    let names: Vec<Option<String>> = out
+        .rows
+        .iter()
+        .map(|r| {
+            r.extra
+                .get("tools")
+                .map(|t| t[0]["function"]["name"].to_string())
+        })
+        .collect();
+    assert_eq!(names, [Some("\"calc\"".to_string()), None]);
+    for row in &out.rows {
+        let request = cairn_plugin_sdk::RenderRequest::for_row(row.variant.clone(), row);
+        let rendered = builder
+            .prompt(&request.variant, &request.observation)
+            .expect("renders");
+        assert_eq!(rendered, row.prompt_ids, "trajectory {}", row.trajectory_id);
+    }
+    // The tools-on row's prompt shows the schema, so dropping it would change the render.
+    let on = &out.rows[0];
+    let mut bare = cairn_plugin_sdk::RenderRequest::for_row(on.variant.clone(), on);
+    bare.observation.tools.clear();
+    assert_ne!(
+        builder
+            .prompt(&bare.variant, &bare.observation)
+            .expect("renders"),
+        on.prompt_ids
+    );
+}

@@ -288,6 +288,7 @@ fn all_experiences(host: &dyn Host) -> Result<Vec<BankEntry>> {
             task_id: None,
             include_general: true,
             statuses: Vec::new(),
+            trajectory_id: None,
         })?
         .into_iter()
         .map(|r| r.entry)

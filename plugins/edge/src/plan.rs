@@ -40,6 +40,7 @@ pub fn retrieve(config: &EdgeConfig, request: &GroupRequest, host: &dyn Host) ->
         task_id: Some(request.task_id.clone()),
         include_general: true,
         statuses: Vec::new(),
+        trajectory_id: None,
     })?;
     let (mut general, mut specific, mut too_long) = (Vec::new(), Vec::new(), 0);
     for hit in hits {

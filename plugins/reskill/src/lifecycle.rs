@@ -162,6 +162,7 @@ impl Reskill {
             task_id: None,
             include_general: true,
             statuses: vec![EntryStatus::UnderTest],
+            trajectory_id: None,
         })?;
         let ours = |e: &BankEntry| {
             report.new_entries.contains(&e.id)

@@ -14,6 +14,7 @@ mod pipeline;
 mod pool;
 mod resume;
 mod scaffolds;
+mod search_qa;
 mod skills;
 mod smoke;
 mod tools;

@@ -1,0 +1,72 @@
+//! The built `.so` through the plugin ABI (`cargo test -p cairn-icsd` builds it next to this
+//! test): it names itself `icsd`, refuses a bad config naming the key, declares the same
+//! requirements as the rlib, and gives the same signals through the ABI host callbacks
+//! (bank, prompt renderer, scorer).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use cairn_icsd::Icsd;
+use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_plugin_sdk::ffi::PluginKind;
+use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::{Algorithm, Batch, StepReport};
+
+/// `libcairn_icsd.so` of this build.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [
+        deps.join("libcairn_icsd.so"),
+        deps.join("../libcairn_icsd.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("libcairn_icsd.so is built with the tests")
+}
+
+#[test]
+fn the_plugin_runs_through_the_abi_as_the_rlib_does() {
+    let plugin = load_plugin(&library()).unwrap();
+    assert_eq!(plugin.info.name, "icsd");
+    assert_eq!(plugin.info.kind, PluginKind::Algorithm);
+    let e = plugin
+        .create_algorithm(r#"{"w_min": 3, "w_max": 2}"#)
+        .err()
+        .unwrap();
+    assert!(e.message.contains("`w_max` = 2"), "{e}");
+
+    let config = r#"{"w_min": 0.5}"#;
+    let mut foreign = plugin.create_algorithm(config).unwrap();
+    let mut local = Icsd::from_config_json(config).unwrap();
+    assert_eq!(foreign.try_requirements().unwrap(), local.requirements());
+
+    let host = MockHost {
+        teacher: HashMap::from([(vec![5, 6, 7], vec![-0.4, -0.9, -2.5])]),
+        ..MockHost::default()
+    };
+    host.put(skill(1, Some("t"), "open the drawer first"));
+    // Task t has a skill, task u none; both trajectories succeed.
+    let mut rows = vec![
+        row(1, 1, "t", &[5, 6, 7], &[-1.2, -0.2, -2.5]),
+        row(2, 2, "u", &[5, 6, 7], &[-1.0; 3]),
+    ];
+    for r in &mut rows {
+        r.success = true;
+        r.episode_reward = 1.0;
+    }
+    let batch = Batch { step: 0, rows };
+    let got = foreign.signals(&batch, &host).unwrap();
+    assert_eq!(got, local.signals(&batch, &host).unwrap());
+    assert_eq!(got.teacher[0].targets.len(), 1);
+    let report = StepReport {
+        batch,
+        ..StepReport::default()
+    };
+    foreign.observe(&report, &host).unwrap();
+    let asked = host.reflections.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "only task u, which has no skill yet");
+    assert_eq!(asked[0].task_id.as_deref(), Some("u"));
+    let state = foreign.save_state().unwrap();
+    assert!(state.contains("\"requested\":1"), "{state}");
+}
