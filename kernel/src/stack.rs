@@ -5,7 +5,8 @@
 //! algorithm whatever the stack:
 //! - **plan_group**: the planner's plan (at most one member plans; without one, every slot is
 //!   plain);
-//! - **next_context**: asked of the members that set `turn_context`, in stack order; the first
+//! - **next_context**: asked of the member that sets `turn_context` (at most one: two hooks
+//!   would each hide the other's answers, depending on their order); the first
 //!   answer other than `Keep` wins;
 //! - **signals**: the estimator's advantages, re-weighted by every member's credit arrays
 //!   (see below); every member's auxiliary and teacher terms, extra rows, dropped groups and
@@ -71,10 +72,15 @@ impl Stack {
             return Err(StackError {
                 member: 0,
                 message: format!(
-                    "`{}` is a {} plugin, but `[algorithm]` is the advantage estimator; put an \
-                     estimator (grpo, gigpo, ...) there and stack `{}` under \
+                    "`{}` is {} {} plugin, but `[algorithm]` is the advantage estimator; put \
+                     an estimator (grpo, gigpo, ...) there and stack `{}` under \
                      `[[algorithm.stack]]`",
                     first.name,
+                    if first.requirements.role == Role::Auxiliary {
+                        "an"
+                    } else {
+                        "a"
+                    },
                     first.requirements.role.as_str(),
                     first.name
                 ),
@@ -109,6 +115,33 @@ impl Stack {
                 }
                 Role::Auxiliary => {}
             }
+        }
+        for (i, m) in members.iter().enumerate() {
+            if let Some(j) = members[..i].iter().position(|o| o.name == m.name) {
+                return Err(StackError {
+                    member: i,
+                    message: format!(
+                        "`{}` is in the stack twice (members {j} and {i}, counting `[algorithm]` \
+                         as 0); each plugin takes part once, or its terms, credit and metrics \
+                         would count twice: remove one",
+                        m.name
+                    ),
+                });
+            }
+        }
+        let hooks: Vec<usize> = (0..members.len())
+            .filter(|&i| members[i].requirements.turn_context)
+            .collect();
+        if let [a, b, ..] = hooks[..] {
+            return Err(StackError {
+                member: b,
+                message: format!(
+                    "`{}` and `{}` both set per-turn contexts (`turn_context`); the first answer \
+                     of a turn would hide the other's, so a stack has at most one such plugin: \
+                     remove one",
+                    members[a].name, members[b].name
+                ),
+            });
         }
         let requirements = union(members.iter().map(|m| &m.requirements));
         Ok(Stack {
@@ -618,6 +651,51 @@ mod tests {
         assert!(check(vec![
             member("gigpo", estimator()),
             member("edge", stacked(Role::Planner, Some("a"), false)),
+            member("aux", stacked(Role::Auxiliary, None, false)),
+        ])
+        .is_none());
+        let e = check(vec![member("sdar", stacked(Role::Auxiliary, None, false))]).unwrap();
+        assert!(
+            e.message.starts_with("`sdar` is an auxiliary plugin"),
+            "{}",
+            e.message
+        );
+        // The same plugin twice: its terms, credit and metrics would count twice.
+        let e = check(vec![
+            member("grpo", estimator()),
+            member("echo", stacked(Role::Auxiliary, None, false)),
+            member("echo", stacked(Role::Auxiliary, None, false)),
+        ])
+        .unwrap();
+        assert_eq!(e.member, 2);
+        assert!(
+            e.message
+                .starts_with("`echo` is in the stack twice (members 1 and 2"),
+            "{}",
+            e.message
+        );
+        // Two per-turn context hooks: whichever came first would hide the other.
+        let hook = |name: &str, role: Role| {
+            let mut m = member(name, stacked(role, None, false));
+            m.requirements.turn_context = true;
+            m
+        };
+        let e = check(vec![
+            member("grpo", estimator()),
+            hook("hint", Role::Planner),
+            hook("echo", Role::Auxiliary),
+        ])
+        .unwrap();
+        assert_eq!(e.member, 2);
+        assert!(
+            e.message
+                .starts_with("`hint` and `echo` both set per-turn contexts (`turn_context`)"),
+            "{}",
+            e.message
+        );
+        assert!(check(vec![
+            member("grpo", estimator()),
+            hook("hint", Role::Planner),
             member("aux", stacked(Role::Auxiliary, None, false)),
         ])
         .is_none());
