@@ -27,6 +27,13 @@ pub struct Totals {
     /// Inside [`PolicyBackend`] calls (sampling, scoring, training, checkpoints).
     pub backend: Duration,
     pub generate_calls: u64,
+    /// Inside `score` and `score_top_k` (part of `backend`): ℓ_old, reference and teacher
+    /// passes.
+    pub score: Duration,
+    pub score_calls: u64,
+    /// Inside the algorithm plugin's `signals` (part of `algorithm`), with the host calls it
+    /// makes (teacher re-scoring).
+    pub signals: Duration,
     /// Inside the algorithm plugin (`plan_group`, `signals`).
     pub algorithm: Duration,
     pub algorithm_calls: u64,
@@ -93,7 +100,14 @@ impl<B: PolicyBackend> PolicyBackend for TimedBackend<B> {
         temperature: f32,
         weights: Weights,
     ) -> cairn_kernel::Result<Vec<Vec<f32>>> {
-        self.time(|b| b.score(sequences, temperature, weights))
+        let t = Instant::now();
+        let out = self.inner.score(sequences, temperature, weights);
+        self.clock.add(t, |c, d| {
+            c.backend += d;
+            c.score += d;
+            c.score_calls += 1;
+        });
+        out
     }
 
     fn score_top_k(
@@ -103,7 +117,16 @@ impl<B: PolicyBackend> PolicyBackend for TimedBackend<B> {
         weights: Weights,
         top_k: u32,
     ) -> cairn_kernel::Result<Vec<cairn_plugin_sdk::Scored>> {
-        self.time(|b| b.score_top_k(sequences, temperature, weights, top_k))
+        let t = Instant::now();
+        let out = self
+            .inner
+            .score_top_k(sequences, temperature, weights, top_k);
+        self.clock.add(t, |c, d| {
+            c.backend += d;
+            c.score += d;
+            c.score_calls += 1;
+        });
+        out
     }
 
     fn retain_versions(&mut self, n: usize) -> cairn_kernel::Result<()> {
@@ -186,6 +209,7 @@ impl Algorithm for TimedAlgorithm {
         let out = self.inner.signals(batch, host);
         self.clock.add(t, |c, d| {
             c.algorithm += d;
+            c.signals += d;
             c.algorithm_calls += 1;
         });
         out

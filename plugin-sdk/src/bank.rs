@@ -261,9 +261,44 @@ pub struct ReflectionRequest {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The text a plugin injects into a prompt for some bank entries: the `header` line, then one
+/// `- {text}` line per entry (its text trimmed), in the given order. With an empty `header`,
+/// the entries' trimmed texts alone, joined by newlines (no bullets); no entries give the
+/// header alone (or `""` with an empty header).
+pub fn injection(header: &str, entries: &[BankEntry]) -> String {
+    if header.is_empty() {
+        let texts: Vec<&str> = entries.iter().map(|e| e.text.trim()).collect();
+        return texts.join("\n");
+    }
+    let mut out = String::from(header);
+    for e in entries {
+        out.push_str("\n- ");
+        out.push_str(e.text.trim());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_injection_is_the_header_then_one_bullet_per_trimmed_text_or_the_texts_alone() {
+        let entries: Vec<BankEntry> = [" wash it first ", "then dry it\n"]
+            .into_iter()
+            .map(|text| BankEntry {
+                text: text.into(),
+                ..BankEntry::default()
+            })
+            .collect();
+        assert_eq!(
+            injection("Skills:", &entries),
+            "Skills:\n- wash it first\n- then dry it"
+        );
+        assert_eq!(injection("", &entries), "wash it first\nthen dry it");
+        assert_eq!(injection("Skills:", &[]), "Skills:");
+        assert_eq!(injection("", &[]), "");
+    }
 
     /// The bank types cross the ABI as JSON (`Host::call_json`): the trajectory scope travels
     /// in it, and JSON written without it (an older writer) reads as unscoped.

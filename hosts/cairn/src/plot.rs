@@ -407,7 +407,20 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
             "value"
         })
         .draw()?;
-    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    // Ten distinct colours: with six, a seven-method comparison drew its first and last methods
+    // in the same colour. Beyond ten, colours repeat.
+    let palette = [
+        BLUE,
+        RED,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(255, 140, 0),
+        RGBColor(128, 0, 128),
+        RGBColor(128, 128, 0),
+        RGBColor(139, 69, 19),
+    ];
     for (i, (label, curve)) in curves.iter().enumerate() {
         let color = palette[i % palette.len()];
         let band: Vec<(f64, f64)> = curve

@@ -142,6 +142,7 @@ impl Algorithm for Echo {
                 k,
                 &turns[k as usize].action,
                 Some(result),
+                Some(turns[0].observation.as_str()),
                 b,
             )?);
         }
@@ -231,6 +232,10 @@ impl Algorithm for Echo {
             let rows: Vec<&cairn_plugin_sdk::TurnRow> =
                 trajectory.rows.iter().map(|&i| &batch.rows[i]).collect();
             let Some(last) = rows.last() else { continue };
+            let task = rows
+                .iter()
+                .find(|r| r.turn == 0)
+                .map(|r| r.observation.as_str());
             let stored = Echo::stored(host, trajectory.id, 4 * rows.len() + 16)?;
             for (n, row) in rows.iter().enumerate() {
                 if stored.contains_key(&row.turn) {
@@ -247,6 +252,7 @@ impl Algorithm for Echo {
                     row.turn,
                     credit::action(row),
                     result,
+                    task,
                     self.config.record_tokens,
                 )?;
                 entries.push(r.to_entry(trajectory.id, &last.task_id));

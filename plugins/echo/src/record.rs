@@ -6,7 +6,9 @@
 //! `[k] <action summary> => <observation digest>`
 //!
 //! on one line: the action with its selection run removed ([`crate::select::without_selection`]),
-//! and the observation that action produced (the next turn's observation), whitespace
+//! and the observation that action produced (the next turn's observation) without the lines it
+//! shares with the trajectory's first observation (an environment's instructions and question,
+//! repeated every turn, would otherwise fill the record before its evidence), whitespace
 //! collapsed. The whole line is cut to at most `b = record_tokens` policy tokens (a cut ends in
 //! ` …`), so `b` bounds index, summary and digest together. The record is a bank entry of kind
 //! `memory_record`, scoped to its trajectory, with `extra = {"idx": k, "tokens": n, "cut":
@@ -62,15 +64,24 @@ pub fn count(host: &dyn Host, text: &str) -> Result<u32> {
 }
 
 /// The full (uncut) record line of turn `k`: `action` as the policy wrote it, `result` the
-/// observation it produced (`None`: not known, the last turn).
-pub fn line(k: u32, action: &str, result: Option<&str>) -> String {
+/// observation it produced (`None`: not known, the last turn), `task` the trajectory's first
+/// observation: a line of `result` equal to one of `task`'s (both trimmed) is left out of the
+/// digest.
+pub fn line(k: u32, action: &str, result: Option<&str>, task: Option<&str>) -> String {
     let summary = without_selection(action);
     let summary = if summary.is_empty() {
         "(no action)".to_string()
     } else {
         summary
     };
-    let digest = match result.map(collapse) {
+    let shared: Vec<&str> = task
+        .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).collect())
+        .unwrap_or_default();
+    let fresh = |r: &str| -> String {
+        let lines: Vec<&str> = r.lines().filter(|l| !shared.contains(&l.trim())).collect();
+        collapse(&lines.join("\n"))
+    };
+    let digest = match result.map(fresh) {
         None => ENDED.to_string(),
         Some(d) if d.is_empty() => "(no observation)".to_string(),
         Some(d) => d,
@@ -123,9 +134,10 @@ pub fn build(
     k: u32,
     action: &str,
     result: Option<&str>,
+    task: Option<&str>,
     max_tokens: u32,
 ) -> Result<Record> {
-    let full = line(k, action, result);
+    let full = line(k, action, result, task);
     let keep = format!("[{k}]").chars().count();
     let (text, tokens, cut) = fit(host, &full, max_tokens, keep)?;
     Ok(Record {

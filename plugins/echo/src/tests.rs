@@ -422,6 +422,35 @@ fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
     assert_eq!(host.metric_sum("echo/records_shown"), 2.0);
 }
 
+/// An environment that repeats its instructions and question in every observation (search-qa)
+/// does not fill the records with them: the digest keeps only the lines the first observation
+/// does not have, so the evidence fits in `b`.
+#[test]
+fn a_digest_leaves_out_the_lines_the_task_already_shows() {
+    let host = TestHost::default();
+    let mut e = echo(r#"{"record_tokens": 32, "context_budget": 64}"#);
+    let intro = "Answer the question. Reply with search[query] or answer[text].";
+    let question = "Question: what is the atomic number of iron";
+    let o0 = format!("{intro}\n{question}\nTurns left: 3.");
+    let o1 =
+        format!("{intro}\nLatest results: iron | Atomic number: 26\n{question}\nTurns left: 2.");
+    e.next_context(&request(4, vec![summary(&o0, "search[iron]")], &o1), &host)
+        .unwrap();
+    let records = host.records(4);
+    assert_eq!(
+        records[0].text,
+        "[0] search[iron] => Latest results: iron | Atomic number: 26 Turns left: 2."
+    );
+    assert!(!records[0].text.contains("Answer the question"));
+    assert!(!records[0].text.contains("Question:"));
+    assert_eq!(records[0].extra["cut"], json!(false));
+    // Without the first observation to compare with, the whole observation is the digest.
+    assert_eq!(
+        record::line(0, "search[iron]", Some(&o1), None),
+        format!("[0] search[iron] => {}", crate::select::collapse(&o1))
+    );
+}
+
 /// Another trajectory's records are never read or shown, even of the same task.
 #[test]
 fn a_prompt_never_shows_another_trajectorys_records() {

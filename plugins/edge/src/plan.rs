@@ -8,6 +8,7 @@
 //! query asks for every match (both pools are bounded by `max_items`) and the plugin keeps, in
 //! rank order, the first `top_k` general and `task_specific_top_k` task entries that fit.
 
+use cairn_plugin_sdk::bank::injection;
 use cairn_plugin_sdk::{
     BankEntry, BankQuery, ContextVariant, EntryKind, GroupRequest, Host, Result,
 };
@@ -65,21 +66,6 @@ pub fn retrieve(config: &EdgeConfig, request: &GroupRequest, host: &dyn Host) ->
         entries: general,
         too_long,
     })
-}
-
-/// The text injected into an E slot's prompt: `header`, then `- {text}` per entry; with an
-/// empty header, the entries' texts alone, one per line.
-pub fn injection(header: &str, entries: &[BankEntry]) -> String {
-    if header.is_empty() {
-        let texts: Vec<&str> = entries.iter().map(|e| e.text.trim()).collect();
-        return texts.join("\n");
-    }
-    let mut out = String::from(header);
-    for e in entries {
-        out.push_str("\n- ");
-        out.push_str(e.text.trim());
-    }
-    out
 }
 
 fn extra(arm: Arm, kind: &str) -> Map<String, Value> {

@@ -78,9 +78,11 @@ impl Default for IcsdConfig {
 }
 
 impl IcsdConfig {
-    /// Parses and checks a JSON config; errors name the key and the accepted range.
+    /// Parses and checks a JSON config; errors name the key (`skills.<key>` inside the
+    /// `skills` table) and the accepted range.
     pub fn from_json(json: &str) -> Result<Self> {
-        let config: IcsdConfig = cairn_plugin_sdk::config::parse_config(json)?;
+        let (mut config, skills) = cairn_opsd::config::parse_with_skills::<IcsdConfig>(json)?;
+        config.skills = skills;
         config.validate()?;
         Ok(config)
     }
@@ -171,6 +173,16 @@ mod tests {
         check(r#"{"influence": "advantage"}"#, "`influence`");
         check(r#"{"base": "kl"}"#, "`base`");
         check(r#"{"skills": {"max_chars": 0}}"#, "`skills.max_chars` = 0");
+        check(r#"{"skills": {"k": 0}}"#, "`skills.k` = 0");
+        check(r#"{"skills": {"k": -2}}"#, "`skills.k`: invalid value");
+        check(
+            r#"{"skills": {"scope": "x"}}"#,
+            "`skills.scope`: unknown variant `x`",
+        );
+        check(
+            r#"{"skills": {"kk": 1}}"#,
+            "`skills.kk`: unknown field `kk`",
+        );
         let e = IcsdConfig::from_json(r#"{"wmin": 1}"#).unwrap_err();
         assert!(e.message.contains("unknown field `wmin`"), "{e}");
         // β is not read by the ungated base.

@@ -184,6 +184,15 @@ impl OpidConfig {
              weight > 0 (OPID uses 0.001 for both), or remove opid from the stack",
         )?;
         PluginError::check_config(
+            self.max_step_skills >= 1 || self.w_st == 0.0,
+            format!(
+                "`max_step_skills` = 0 with `w_st` = {}: no step skill would ever be kept, so \
+                 the step-skill term would never apply; give `max_step_skills` ≥ 1 (OPID uses \
+                 5), or set `w_st = 0` to train with episode skills only",
+                self.w_st
+            ),
+        )?;
+        PluginError::check_config(
             self.retries <= 10,
             format!(
                 "`retries` = {}: re-asks of the analyzer, at most 10 (default 2)",

@@ -586,6 +586,11 @@ fn requirements_and_config_errors() {
     for (bad, key) in [
         (r#"{"w_ep": -1}"#, "`w_ep`"),
         (r#"{"w_ep": 0, "w_st": 0}"#, "`w_ep` and `w_st` are both 0"),
+        (
+            r#"{"max_step_skills": 0}"#,
+            "`max_step_skills` = 0 with `w_st` = 0.001",
+        ),
+        (r#"{"max_step_skills": 0, "w_st": 0.5}"#, "set `w_st = 0`"),
         (r#"{"retries": 11}"#, "`retries`"),
         (r#"{"clip": 0}"#, "`clip`"),
         (r#"{"gamma": 1.5}"#, "`gamma`"),
@@ -602,6 +607,9 @@ fn requirements_and_config_errors() {
         let e = Opid::from_config_json(bad).err().unwrap();
         assert!(e.message.contains(key), "{bad}: {e}");
     }
+    // Without a step term, no step skill is needed.
+    let c = Opid::from_config_json(r#"{"max_step_skills": 0, "w_st": 0}"#).unwrap();
+    assert_eq!((c.config().max_step_skills, c.config().w_st), (0, 0.0));
     // A variant's injection is kept before the skill block.
     let v = ContextVariant {
         inject: "hint".into(),

@@ -64,9 +64,11 @@ impl Default for SdarConfig {
 }
 
 impl SdarConfig {
-    /// Parses and checks a JSON config; errors name the key and the accepted range.
+    /// Parses and checks a JSON config; errors name the key (`skills.<key>` inside the
+    /// `skills` table) and the accepted range.
     pub fn from_json(json: &str) -> Result<Self> {
-        let config: SdarConfig = cairn_plugin_sdk::config::parse_config(json)?;
+        let (mut config, skills) = cairn_opsd::config::parse_with_skills::<SdarConfig>(json)?;
+        config.skills = skills;
         config.validate()?;
         Ok(config)
     }
@@ -162,6 +164,19 @@ mod tests {
         check(r#"{"form": "kl"}"#, "`form`");
         check(r#"{"gate": "yes"}"#, "`gate`");
         check(r#"{"skills": {"k": 0}}"#, "`skills.k` = 0");
+        check(r#"{"skills": {"k": "3"}}"#, "`skills.k`: invalid type");
+        check(
+            r#"{"skills": {"scope": "x"}}"#,
+            "`skills.scope`: unknown variant `x`",
+        );
+        check(
+            r#"{"skills": {"kk": 1}}"#,
+            "`skills.kk`: unknown field `kk`",
+        );
+        check(
+            r#"{"coef": 0.5, "skills": {"max_per_task": 0}}"#,
+            "`skills.max_per_task` = 0",
+        );
         let e = SdarConfig::from_json(r#"{"lambda": 0.1}"#).unwrap_err();
         assert!(e.message.contains("unknown field `lambda`"), "{e}");
         // β is not read without the gate, and `top_k` not without a top-k form.

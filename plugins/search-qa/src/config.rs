@@ -29,7 +29,7 @@ pub enum RewardKind {
 /// ```json
 /// {"corpus": "data/my-elements.txt", "kinds": ["atomic_number", "discoverer_by_number"],
 ///  "train_tasks": 100, "test_tasks": 20, "max_turns": 6, "top_k": 3, "passage_words": 40,
-///  "context_budget": 0, "reward": "exact_match", "split_by": "element"}
+///  "context_budget": 0, "history": true, "reward": "exact_match", "split_by": "element"}
 /// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -53,6 +53,10 @@ pub struct SearchQaConfig {
     /// Most whitespace-separated words of an observation; 0: no limit. The oldest history
     /// is dropped first to fit. 0, or 48 to 100000.
     pub context_budget: u32,
+    /// Show the earlier turns in each observation. `false`: only the latest search's results
+    /// (with the instructions and the question), for a memory plugin such as `echo` whose
+    /// records are then the only history.
+    pub history: bool,
     /// `exact_match` or `f1`.
     pub reward: RewardKind,
     /// `element` (every question about a held-out element is held out) or `question` (each
@@ -71,6 +75,7 @@ impl Default for SearchQaConfig {
             top_k: 3,
             passage_words: 40,
             context_budget: 0,
+            history: true,
             reward: RewardKind::ExactMatch,
             split_by: SplitBy::Element,
         }

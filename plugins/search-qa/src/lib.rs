@@ -44,7 +44,9 @@
 //! whitespace-separated words by dropping the **oldest** history turns first (a line says how
 //! many are not shown), then the latest results from their end; the instructions and the
 //! question are never cut. So evidence found early is lost when later searches fill the
-//! budget: the regime ECHO's memory is for.
+//! budget: the regime ECHO's memory is for. With `history = false` no earlier turn is shown,
+//! only the last turn's results (or why it was invalid or refused), so a memory plugin's
+//! records are the only history.
 //!
 //! # Expert
 //!
@@ -353,12 +355,18 @@ impl SearchQaEpisode {
         // The question comes last, right before the policy answers (a small policy copies a
         // name or a number more easily from nearby text).
         let footer = format!("Question: {}\nTurns left: {left}.", self.question.text);
-        let latest = self.latest_search();
+        // Without history only the last turn is shown, whatever it was: the observation still
+        // reports what the last action produced.
+        let latest = if self.config().history {
+            self.latest_search()
+        } else {
+            self.turns.len().checked_sub(1)
+        };
         let history: Vec<Vec<String>> = self
             .turns
             .iter()
             .enumerate()
-            .filter(|(i, _)| Some(*i) != latest)
+            .filter(|(i, _)| self.config().history && Some(*i) != latest)
             .map(|(i, t)| self.turn_lines(i + 1, t, false))
             .collect();
         let mut latest_lines = latest

@@ -9,6 +9,7 @@
 //! a top-3 of task-level and of state-level skills by UCB over a utility; we keep the
 //! task-level retrieval and rank by relevance only.
 
+use cairn_plugin_sdk::bank::injection;
 use cairn_plugin_sdk::{
     BankEntry, BankQuery, ContextVariant, EntryKind, GroupRequest, Host, Result, TurnRow,
 };
@@ -72,21 +73,6 @@ pub fn retrieve(config: &UcobConfig, request: &GroupRequest, host: &dyn Host) ->
         out.entries.push(entry);
     }
     Ok(out)
-}
-
-/// The text injected into a `good` slot: `header`, then `- {text}` per skill; with an empty
-/// header, the skills' texts alone, one per line.
-pub fn injection(header: &str, entries: &[BankEntry]) -> String {
-    if header.is_empty() {
-        let texts: Vec<&str> = entries.iter().map(|e| e.text.trim()).collect();
-        return texts.join("\n");
-    }
-    let mut out = String::from(header);
-    for e in entries {
-        out.push_str("\n- ");
-        out.push_str(e.text.trim());
-    }
-    out
 }
 
 fn extra(branch: Branch, kind: &str) -> Map<String, Value> {

@@ -8,7 +8,9 @@
 //! ```
 
 use cairn_plugin_sdk::{PluginError, Result};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Where a new skill is kept.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +95,53 @@ impl SkillConfig {
     }
 }
 
+/// Parses a plugin's JSON config whose `skills` key is a [`SkillConfig`] (the `sdar` and
+/// `icsd` configs), as [`cairn_plugin_sdk::config::parse_config`] does, but with the errors of
+/// the `skills` table naming the full key: `` `skills.scope`: unknown variant … ``,
+/// `` `skills.kk`: unknown field `kk` … `` (the SDK's parser names only the top-level key,
+/// `skills`, or none for an unknown field). Returns the config without its `skills` (`T`'s
+/// default there) and the parsed table; checks neither ([`SkillConfig::validate`] does).
+pub fn parse_with_skills<T: DeserializeOwned>(json: &str) -> Result<(T, SkillConfig)> {
+    let text = json.trim();
+    let mut map = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => map,
+        // Empty, `null`, not JSON or not an object: the SDK's parser accepts or words it.
+        _ => {
+            return cairn_plugin_sdk::config::parse_config::<T>(json)
+                .map(|config| (config, SkillConfig::default()))
+        }
+    };
+    let skills = map.remove("skills");
+    let config = cairn_plugin_sdk::config::parse_config::<T>(&Value::Object(map).to_string())?;
+    let skills = match skills {
+        None => SkillConfig::default(),
+        Some(value) => parse_skills(&value)?,
+    };
+    Ok((config, skills))
+}
+
+/// Parses the `skills` table; errors name the key as `skills.<key>`.
+fn parse_skills(value: &Value) -> Result<SkillConfig> {
+    if !value.is_object() {
+        return Err(PluginError::config(format!(
+            "`skills` = {value}: must be a table of the teacher's skill settings, e.g. \
+             `skills = {{ k = 3, reflect = true }}`"
+        )));
+    }
+    cairn_plugin_sdk::config::parse_config::<SkillConfig>(&value.to_string()).map_err(|e| {
+        let message = if let Some(rest) = e.message.strip_prefix('`') {
+            // `` `k`: invalid type … `` → `` `skills.k`: invalid type … ``
+            format!("`skills.{rest}")
+        } else if let Some(rest) = e.message.strip_prefix("unknown field `") {
+            let key = rest.split('`').next().unwrap_or_default();
+            format!("`skills.{key}`: {}", e.message)
+        } else {
+            format!("`skills`: {}", e.message)
+        };
+        PluginError::new(e.kind, message)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,11 +178,17 @@ mod tests {
         );
     }
 
+    /// A plugin config with a `skills` table: the skills the way `sdar` and `icsd` read them.
+    fn parse(json: &str) -> Result<SkillConfig> {
+        let (outer, skills) = parse_with_skills::<Outer>(json)?;
+        assert_eq!(outer.skills, SkillConfig::default());
+        Ok(skills)
+    }
+
     #[test]
     fn bad_values_name_the_key() {
         let check = |json: &str, want: &str| {
-            let o: Outer = cairn_plugin_sdk::config::parse_config(json).unwrap();
-            let e = o.skills.validate().unwrap_err();
+            let e = parse(json).unwrap().validate().unwrap_err();
             assert!(e.message.starts_with(want), "{json}: {e}");
         };
         check(r#"{"skills": {"k": 0}}"#, "`skills.k` = 0");
@@ -146,11 +201,46 @@ mod tests {
             r#"{"skills": {"max_per_task": 0}}"#,
             "`skills.max_per_task` = 0",
         );
-        let e = cairn_plugin_sdk::config::parse_config::<Outer>(r#"{"skills": {"kk": 1}}"#)
-            .unwrap_err();
-        assert!(e.message.contains("unknown field `kk`"), "{e}");
-        let e = cairn_plugin_sdk::config::parse_config::<Outer>(r#"{"skills": {"scope": "all"}}"#)
-            .unwrap_err();
-        assert!(e.message.starts_with("`skills`"), "{e}");
+    }
+
+    #[test]
+    fn errors_inside_the_skills_table_name_the_full_key() {
+        let check = |json: &str, want: &[&str]| {
+            let e = parse(json).unwrap_err();
+            assert_eq!(e.kind, cairn_plugin_sdk::ErrorKind::Config);
+            for w in want {
+                assert!(e.message.contains(w), "{json}: {e}");
+            }
+        };
+        check(
+            r#"{"skills": {"kk": 1}}"#,
+            &["`skills.kk`: unknown field `kk`", "expected one of `k`"],
+        );
+        check(
+            r#"{"skills": {"scope": "all"}}"#,
+            &[
+                "`skills.scope`: unknown variant `all`",
+                "`task`",
+                "`general`",
+            ],
+        );
+        check(
+            r#"{"skills": {"k": "three"}}"#,
+            &["`skills.k`: invalid type"],
+        );
+        check(r#"{"skills": {"k": -1}}"#, &["`skills.k`: invalid value"]);
+        check(
+            r#"{"skills": {"reflect": "yes", "k": 2}}"#,
+            &["`skills.reflect`: invalid type"],
+        );
+        check(r#"{"skills": 3}"#, &["`skills` = 3: must be a table"]);
+        // Outside the table the SDK's errors are unchanged.
+        let e = parse_with_skills::<Outer>(r#"{"skils": {}}"#).unwrap_err();
+        assert!(e.message.contains("unknown field `skils`"), "{e}");
+        let e = parse_with_skills::<Outer>("[1]").unwrap_err();
+        assert!(e.message.contains("JSON object"), "{e}");
+        assert_eq!(parse("").unwrap(), SkillConfig::default());
+        assert_eq!(parse("null").unwrap(), SkillConfig::default());
+        assert_eq!(parse(r#"{"skills": {"k": 5}}"#).unwrap().k, 5);
     }
 }

@@ -27,6 +27,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
+use cairn_plugin_sdk::bank::injection;
 use cairn_plugin_sdk::{
     BankEntry, BankQuery, Batch, ContextVariant, EntryKind, EntryStatus, Host, PluginError,
     RenderRequest, Result, ScoreRequest, ScoreWeights, Scored, TurnRow,
@@ -79,21 +80,6 @@ pub fn retrieve(config: &SkillConfig, row: &TurnRow, host: &dyn Host) -> Result<
         out.skills.push(entry);
     }
     Ok(out)
-}
-
-/// The injected text: `header`, then `- {text}` per skill; with an empty header, the texts
-/// alone, one per line.
-pub fn injection(header: &str, skills: &[BankEntry]) -> String {
-    if header.is_empty() {
-        let texts: Vec<&str> = skills.iter().map(|e| e.text.trim()).collect();
-        return texts.join("\n");
-    }
-    let mut out = String::from(header);
-    for e in skills {
-        out.push_str("\n- ");
-        out.push_str(e.text.trim());
-    }
-    out
 }
 
 /// The teacher's context variant: `base` (the row's own) with the skills' block appended to

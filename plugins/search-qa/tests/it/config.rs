@@ -48,6 +48,7 @@ fn config_keys_are_checked_by_name() {
             "`test_tasks`: is 5000, but the kinds give 132 held-out",
         ),
         (r#"{"top_k": "3"}"#, "key `top_k`: invalid type"),
+        (r#"{"history": "no"}"#, "key `history`: invalid type"),
         ("[1]", "must be a JSON object"),
         ("{", "not valid JSON"),
         (r#"{"corpus": " "}"#, "`corpus`: is empty"),

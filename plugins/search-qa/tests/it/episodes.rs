@@ -274,3 +274,38 @@ fn the_context_budget_drops_the_oldest_evidence() {
     assert!(words(text) <= 48, "{text}");
     assert!(text.contains("Latest results, turn 1"), "{text}");
 }
+
+/// `history = false` shows only what the last action produced: no earlier search, with or
+/// without a budget, and a refused or invalid last action still reported.
+#[test]
+fn without_history_only_the_last_turn_is_shown() {
+    let bare = env_with(r#"{"history": false}"#);
+    let full = env();
+    let task = task_of(&full, "who discovered hydrogen");
+    let actions = ["search[hydrogen discovered]", "search[gold]", "nonsense"];
+    let (_, r) = play(&bare, task, 0, true, script(&actions));
+    let (_, open) = play(&full, task, 0, true, script(&actions));
+    let first = &r[0].outcome.observation.text;
+    assert!(
+        first.contains("Latest results, turn 1: search[hydrogen discovered]"),
+        "{first}"
+    );
+    assert!(first.contains("Henry Cavendish"), "{first}");
+    assert_eq!(first, &open[0].outcome.observation.text);
+    let second = &r[1].outcome.observation.text;
+    assert!(
+        second.contains("Latest results, turn 2: search[gold]"),
+        "{second}"
+    );
+    assert!(!second.contains("hydrogen discovered"), "{second}");
+    assert!(!second.contains("Henry Cavendish"), "{second}");
+    assert!(open[1].outcome.observation.text.contains("Henry Cavendish"));
+    let third = &r[2].outcome.observation.text;
+    assert!(third.contains("Turn 3: invalid"), "{third}");
+    assert!(!third.contains("search[gold]"), "{third}");
+    assert!(
+        third.contains("Question: who discovered hydrogen"),
+        "{third}"
+    );
+    assert_eq!(info(&r[2].outcome)["history_dropped"], 0);
+}
