@@ -23,31 +23,28 @@ steps="${1:-20}"
 if [ "$#" -gt 0 ]; then shift; fi
 if [ "$#" -gt 0 ]; then seeds=("$@"); else seeds=(1 2 3); fi
 out=runs/self-distillation
+# train LABEL CFG RUN: trains CFG into RUN unless RUN is finished (has an `after_rl` evaluation).
+train() {
+    if grep -q '"after_rl"' "$3/eval.jsonl" 2>/dev/null; then
+        echo "skip $3 (finished)"
+        return
+    fi
+    echo "== $1"
+    rm -rf "$3"
+    target/release/cairn train "$2" < /dev/null > "$3.log" 2>&1 \
+        || { echo "failed: see $3.log" >&2; exit 1; }
+}
 declare -A pairs
 while read -r env method seed cfg run; do
     if [ -n "${ONLY:-}" ] && [ "$env" != "$ONLY" ]; then continue; fi
     if [ -n "${METHODS:-}" ] && ! [[ " $METHODS " == *" $method "* ]]; then continue; fi
-    if grep -q '"after_rl"' "$run/eval.jsonl" 2>/dev/null; then
-        echo "skip $run (finished)"
-    else
-        echo "== $env $method seed $seed"
-        rm -rf "$run"
-        target/release/cairn train "$cfg" < /dev/null > "$run.log" 2>&1 \
-            || { echo "failed: see $run.log" >&2; exit 1; }
-    fi
+    train "$env $method seed $seed" "$cfg" "$run"
     pairs[$env]+=" $method=$run"
 done < <(python3 scripts/self_distillation.py configs --only "${ONLY:-}" "$out" "$steps" "${seeds[@]}")
 # ECHO's prompt length against full history over 6 turns (one seed, a short warm start).
 if [ -z "${ONLY:-}" ] || [ "$ONLY" = prompt-length ]; then
     while read -r _ name _ cfg run; do
-        if [ -f "$run/metrics.jsonl" ] && grep -q '"after_rl"' "$run/eval.jsonl" 2>/dev/null; then
-            echo "skip $run (finished)"
-            continue
-        fi
-        echo "== prompt length: $name"
-        rm -rf "$run"
-        target/release/cairn train "$cfg" < /dev/null > "$run.log" 2>&1 \
-            || { echo "failed: see $run.log" >&2; exit 1; }
+        train "prompt length: $name" "$cfg" "$run"
     done < <(python3 scripts/self_distillation.py prompt-length "$out" 4)
 fi
 for env in "${!pairs[@]}"; do
