@@ -155,6 +155,7 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
         bank: cairn_kernel::bank::Bank::in_memory()?,
         skills: config.skills.clone(),
         skills_api_key: None,
+        engine: None,
     };
 
     let setup_rss = rss_kb().0;

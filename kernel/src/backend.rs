@@ -244,6 +244,18 @@ pub trait PolicyBackend: Send {
     /// the tokenizer files of `tokenizer_dir`, `generation_config.json`) that transformers
     /// loads and vLLM/SGLang can serve. Returns the files written.
     fn export(&self, tokenizer_dir: &Path, dir: &Path) -> Result<Vec<String>>;
+
+    /// Replaces the live weights with those of the HF model directory `dir` (what
+    /// [`PolicyBackend::export`] writes: every tensor of the model, by name and shape) and sets
+    /// the policy version to `version`; kept versions are dropped. A serving-only step (`cairn
+    /// serve` as a rollout engine): the reference weights and the optimizer are left alone. A
+    /// directory that does not fit the model is an error and changes nothing.
+    fn load_weights(&mut self, dir: &Path, _version: u64) -> Result<()> {
+        Err(Error::Model(format!(
+            "this backend cannot load the weights in {}",
+            dir.display()
+        )))
+    }
 }
 
 /// A backend without a model, for kernel tests and the kernel-overhead benchmark: it "samples"

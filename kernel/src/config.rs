@@ -328,6 +328,9 @@ pub struct RolloutConfig {
     /// reward 0 and no success).
     #[serde(default)]
     pub on_episode_failure: crate::rollout::FailureRule,
+    /// An external rollout engine (vLLM, SGLang, `cairn serve`) instead of the trainer's own
+    /// backend; see `kernel/src/engine` and docs/engine.md.
+    pub engine: Option<crate::engine::EngineConfig>,
 }
 
 fn default_env_timeout_s() -> f64 {
@@ -711,6 +714,26 @@ impl PipelineConfig {
                     "optimizer.reuse_rollout_logprobs",
                     "a gateway harness picks its own sampling settings per request, so its \
                      log-probs are rescored; turn reuse off",
+                ));
+            }
+        }
+        if let Some(engine) = &r.engine {
+            if let Err((key, message)) = engine.check() {
+                return Err(self.error(&format!("rollout.engine.{key}"), message));
+            }
+            if self.episode_source.gateway().is_some() {
+                return Err(self.error(
+                    "rollout.engine",
+                    "the gateway source serves its harness from the trainer's own backend; an \
+                     external engine is for rollouts of the environment plugin (remove one)",
+                ));
+            }
+            if self.optimizer.reuse_rollout_logprobs {
+                return Err(self.error(
+                    "optimizer.reuse_rollout_logprobs",
+                    "an external engine's log-probs come from another implementation (and \
+                     maybe another precision), so ℓ_old is always recomputed by the trainer; \
+                     turn reuse off",
                 ));
             }
         }

@@ -198,6 +198,12 @@ pub enum Error {
     #[error("actor mailbox: {0}")]
     Mailbox(String),
 
+    /// The external rollout engine at `url` failed or answered something unusable
+    /// (`[rollout.engine]`, docs/engine.md). In a rollout it fails the turn's episodes (kind
+    /// `engine`), and the run goes on.
+    #[error("rollout engine {url}: {message}")]
+    Engine { url: String, message: String },
+
     #[error("{0}")]
     Other(String),
 }

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod bank;
 pub mod config;
 pub mod deadline;
+pub mod engine;
 pub mod error;
 pub mod gateway;
 pub mod loss;

@@ -257,6 +257,8 @@ mod with_torch {
             bank,
             skills: config.skills.clone(),
             skills_api_key: config.skills_api_key(|v| std::env::var(v).ok())?,
+            // Set by `train` (`crate::engine::prepare`); evaluations play on the backend.
+            engine: None,
         };
         Ok((parts, algorithm, tokenizer))
     }
@@ -306,8 +308,24 @@ mod with_torch {
         if config.run.resume {
             run.check_resumable(&config)?;
         }
-        let (parts, algorithm, tokenizer) =
+        let (mut parts, algorithm, tokenizer) =
             parts_and_tokenizer(&config, &run, plugins, TokenizerSource::Training)?;
+        // An external rollout engine: launched (kept alive until this function returns, then
+        // stopped), connected and checked before anything trains.
+        let window = setup::context_window(&config)?;
+        let _launched = match crate::engine::prepare(
+            &config,
+            &run.root,
+            parts.backend.as_ref(),
+            &tokenizer,
+            window,
+        )? {
+            Some(prepared) => {
+                parts.engine = Some((prepared.client, prepared.settings));
+                prepared.launched
+            }
+            None => None,
+        };
         let mut progress = Progress::default();
         let summary: Summary = on_actor_system(async {
             // SIGINT / SIGTERM: the trainer finishes the step in flight, checkpoints it and

@@ -11,6 +11,8 @@ mod bank_cmd;
 #[cfg(feature = "torch")]
 mod check;
 mod commands;
+#[cfg(feature = "torch")]
+mod engine;
 mod import;
 mod plot;
 mod pool_cmd;
@@ -153,6 +155,10 @@ enum Command {
         /// Serve a checkpoint's weights (`<run>/checkpoints/step-NNNNNN`).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
+        /// Serve this Hugging Face model directory (config.json, safetensors, tokenizer files)
+        /// instead of the config's `[model]`: what a trainer with `[rollout.engine]` writes.
+        #[arg(long, conflicts_with = "checkpoint")]
+        model: Option<PathBuf>,
         /// Append every finished episode (rows in the batch JSON form) to this JSONL file.
         #[arg(long)]
         record: Option<PathBuf>,
@@ -291,9 +297,10 @@ fn main() -> ExitCode {
             config,
             bind,
             checkpoint,
+            model,
             record,
             ui,
-        } => serve::serve(&config, bind, checkpoint.as_deref(), record, ui),
+        } => serve::serve(&config, bind, checkpoint.as_deref(), model, record, ui),
         #[cfg(feature = "torch")]
         Command::Ui {
             run_dir,

@@ -9,6 +9,7 @@
 //! | [`pool::DataPoolActor`] | `SyncArbiter` (1 thread) | the data pool (SQLite): one transaction per RL step, evaluations, curated exclusions, truncation on resume |
 //! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
 //! | [`optimizer::OptimizerActor`] | `SyncArbiter` | takes each step off the queue: staleness, ℓ_old / ℓ_ref, signals and resampling, objective, update, `observe` |
+//! | [`crate::engine::EngineActor`] (with `[rollout.engine]`) | `SyncArbiter` | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
 //!
 //! [`host::KernelHost`] is the plugins' [`cairn_plugin_sdk::Host`]: messages to the policy, the
 //! bank and the skill creator, made from the rollout and optimizer threads.
@@ -51,6 +52,8 @@ pub struct Pipeline {
     pub pool: Addr<pool::DataPoolActor>,
     pub skills: Addr<skills::SkillCreatorActor>,
     pub optimizer: Addr<optimizer::OptimizerActor>,
+    /// The external rollout engine's actor, with `[rollout.engine]`.
+    pub engine: Option<Addr<crate::engine::EngineActor>>,
     /// With the gateway source: training episodes come from the gateway instead of the
     /// rollout actor, and generation pauses around weight updates. `None` from [`start`];
     /// attach one with [`Pipeline::attach_gateway`].
@@ -95,6 +98,9 @@ pub struct PipelineParts {
     pub skills: crate::config::SkillsConfig,
     /// The `endpoint` reflector's API key ([`crate::config::PipelineConfig::skills_api_key`]).
     pub skills_api_key: Option<String>,
+    /// An external rollout engine, connected and checked (`[rollout.engine]`): the rollout
+    /// actors generate through it instead of the policy actor.
+    pub engine: Option<(crate::engine::EngineClient, crate::engine::EngineSettings)>,
 }
 
 /// Starts every actor and wires them: rollout → reward → bank → (bounded queue) → optimizer,
@@ -157,12 +163,29 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         writer: parts.algorithm_name.clone(),
     };
     let turn_context = parts.algorithm.lock().requirements().turn_context;
+    // The rollout actors' generation: the policy actor, or the external engine.
+    let engine = parts.engine.map(|(client, settings)| {
+        let actor = Mutex::new(Some(crate::engine::EngineActor::new(
+            client,
+            settings,
+            crate::engine::PolicyLinks {
+                version: policy.clone().recipient(),
+                export: policy.clone().recipient(),
+                score: policy.clone().recipient(),
+            },
+        )));
+        threads.start(move || actor.lock().take().expect("the engine actor is built once"))
+    });
+    let rollout_generate: Recipient<policy::Generate> = match &engine {
+        Some(e) => e.clone().recipient(),
+        None => policy.clone().recipient(),
+    };
 
     let rollout_actor = || {
         let env = parts.env.clone();
         let builder = parts.builder.clone();
         let algorithm = parts.algorithm.clone();
-        let generate = policy.clone().recipient();
+        let generate = rollout_generate.clone();
         let settings = parts.rollout.clone();
         let links = links.clone();
         let reward = reward.clone().recipient();
@@ -195,6 +218,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         let record = pool.clone().recipient();
         let exclusions = pool.clone().recipient();
         let take_finished = skills.clone().recipient();
+        let engine_stats = engine.clone().map(Addr::recipient);
         let objective = parts.objective.clone();
         let settings = parts.optimizer.clone();
         threads.start(move || optimizer::OptimizerActor {
@@ -213,6 +237,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             settings: settings.clone(),
             feed: None,
             gateway: None,
+            engine: engine_stats.clone(),
         })
     };
 
@@ -225,6 +250,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         pool,
         skills,
         optimizer,
+        engine,
         gateway: None,
         threads,
     }

@@ -98,6 +98,8 @@ pub struct OptimizerActor {
     pub feed: Option<Feed>,
     /// With the gateway: generation pauses around each weight update.
     pub gateway: Option<(Recipient<PauseSampling>, Recipient<ResumeSampling>)>,
+    /// With an external rollout engine: its sync counters go into each step's metrics.
+    pub engine: Option<Recipient<crate::engine::ReadEngineStats>>,
 }
 
 impl Actor for OptimizerActor {
@@ -324,6 +326,14 @@ impl OptimizerActor {
             values.insert(k, json!(v));
         }
         stale.insert_into(&mut values);
+        if let Some(engine) = &self.engine {
+            let stats = call(engine, crate::engine::ReadEngineStats)?;
+            values.insert("engine/syncs".into(), json!(stats.syncs));
+            values.insert("engine/probe_mismatch".into(), json!(stats.probe_mismatch));
+            if let Some(v) = stats.served_version {
+                values.insert("engine/served_version".into(), json!(v));
+            }
+        }
         values.insert("pool/excluded_rows".into(), json!(curated.rows()));
         // Excluded turns stay in the batch for the signals, their mask zeroed: not trained.
         let pool_rows = collected.batch.rows.clone();

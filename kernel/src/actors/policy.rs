@@ -28,6 +28,19 @@ impl PolicyActor {
         PolicyActor { backend }
     }
 
+    /// Exports the live weights as a HF model directory and returns their policy version
+    /// (the external engine's weight sync, [`crate::engine::ExportForEngine`]).
+    pub(crate) fn export_versioned(
+        &mut self,
+        tokenizer_dir: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> Result<u64> {
+        self.guarded("export for the engine", |b| {
+            b.export(tokenizer_dir, dir)?;
+            Ok(b.policy_version())
+        })
+    }
+
     fn guarded<T>(
         &mut self,
         what: &str,
@@ -268,5 +281,22 @@ impl Handler<RetainVersions> for PolicyActor {
     type Result = Result<()>;
     fn handle(&mut self, msg: RetainVersions, _: &mut Self::Context) -> Self::Result {
         self.guarded("retain versions", |b| b.retain_versions(msg.0))
+    }
+}
+
+/// Replace the live weights with those of a HF model directory (safetensors, every tensor of
+/// the model with its shape), and set the policy version to `version`: `cairn serve` taking a
+/// trainer's weights (`POST /update_weights_from_disk`).
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct LoadWeights {
+    pub dir: PathBuf,
+    pub version: u64,
+}
+
+impl Handler<LoadWeights> for PolicyActor {
+    type Result = Result<()>;
+    fn handle(&mut self, msg: LoadWeights, _: &mut Self::Context) -> Self::Result {
+        self.guarded("load weights", |b| b.load_weights(&msg.dir, msg.version))
     }
 }

@@ -294,6 +294,29 @@ struct OpenBody {
 }
 
 #[derive(Deserialize)]
+struct TokenizeBody {
+    prompt: String,
+    #[serde(default)]
+    add_special_tokens: bool,
+}
+
+#[derive(Deserialize)]
+struct WeightsBody {
+    model_path: String,
+    weight_version: Option<Json>,
+}
+
+/// What `POST /update_weights_from_disk` needs: the sampler's pause and resume around the
+/// load, and the policy actor's [`LoadWeights`](crate::actors::policy::LoadWeights). Only
+/// `cairn serve` has one; a gateway in front of a training run takes no outside weights.
+#[derive(Clone)]
+pub struct WeightLoader {
+    pub pause: Recipient<PauseSampling>,
+    pub resume: Recipient<ResumeSampling>,
+    pub load: Recipient<crate::actors::policy::LoadWeights>,
+}
+
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RewardBody {
     reward: f32,
@@ -372,7 +395,16 @@ impl Gateway {
             job.anchor = anchor;
         }
         let mut params = job.params.clone();
-        params.stop_ids = inner.format.stop_ids().to_vec();
+        params.stop_ids = if job.ignore_eos {
+            Vec::new()
+        } else {
+            inner.format.stop_ids().to_vec()
+        };
+        for &id in &job.stop_token_ids {
+            if !params.stop_ids.contains(&id) {
+                params.stop_ids.push(id);
+            }
+        }
         let prompts: Vec<Vec<u32>> = job
             .prompts
             .iter()
@@ -512,6 +544,75 @@ impl Gateway {
     /// `GET /episodes/{id}`.
     pub fn view(&self, id: &str) -> Result<Json, ApiError> {
         self.inner.store.lock().view(id, Instant::now())
+    }
+
+    /// `POST /tokenize`: `{"prompt": text, "add_special_tokens"?: bool}` → `{"tokens": [ids],
+    /// "count", "max_model_len"}` (vLLM's shape): a rollout engine's client compares them with
+    /// its own tokenizer's. Special tokens in the text are matched either way.
+    pub fn tokenize(&self, body: &[u8]) -> Result<Json, ApiError> {
+        let body: TokenizeBody = body_json(body)?;
+        let tokenizer = self.inner.format.tokenizer();
+        let ids = if body.add_special_tokens {
+            tokenizer.encode_with_special_tokens(&body.prompt)
+        } else {
+            tokenizer.encode(&body.prompt)
+        }
+        .map_err(ApiError::from)?;
+        Ok(json!({"tokens": ids, "count": ids.len(),
+                  "max_model_len": self.inner.settings.context_window}))
+    }
+
+    /// `POST /update_weights_from_disk` (SGLang's route): `{"model_path": HF dir,
+    /// "weight_version": N}`. New batches wait while the weights load; the batches in flight
+    /// finish on the old ones first, so every answer's `policy_version` names the weights that
+    /// sampled all of it. Answers `{"success": true, "policy_version": N}`; a directory that
+    /// does not fit the model is a 400 and the old weights stay.
+    pub async fn update_weights(
+        &self,
+        loader: &WeightLoader,
+        body: &[u8],
+    ) -> Result<Json, ApiError> {
+        let body: WeightsBody = body_json(body)?;
+        let version = match &body.weight_version {
+            Some(Json::Number(n)) => n.as_u64(),
+            Some(Json::String(s)) => s.parse::<u64>().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "weight_version",
+                "give the policy version of the weights as a non-negative integer \
+                 (`\"weight_version\": \"12\"`): every later answer carries it",
+            )
+        })?;
+        let unavailable = |_| ApiError::internal("the policy actor has stopped");
+        loader
+            .pause
+            .send(PauseSampling)
+            .await
+            .map_err(unavailable)?;
+        let loaded = loader
+            .load
+            .send(crate::actors::policy::LoadWeights {
+                dir: body.model_path.clone().into(),
+                version,
+            })
+            .await;
+        // Resume whatever happened: the old weights serve on after a refused load.
+        let resumed = loader.resume.send(ResumeSampling).await;
+        match loaded.map_err(unavailable)? {
+            Ok(()) => {}
+            Err(e) => {
+                return Err(ApiError::invalid(
+                    "model_path",
+                    format!("the weights in {} were not loaded: {e}", body.model_path),
+                ))
+            }
+        }
+        resumed.map_err(unavailable)?;
+        self.inner.version.store(version, Ordering::Relaxed);
+        Ok(json!({"success": true, "policy_version": version,
+                  "message": format!("loaded {} as policy version {version}", body.model_path)}))
     }
 
     /// `GET /health`: policy version and episode counters.

@@ -8,6 +8,10 @@
 //! window, unsupported options (`top_logprobs`, penalties, `logit_bias`, `best_of`, `echo`).
 //! Unknown keys that change nothing (`user`, `metadata`, ...) are ignored, as vLLM does.
 //!
+//! vLLM's extensions that a rollout engine's client sends (docs/engine.md): `stop_token_ids`
+//! (more stop ids, kept in the output), `ignore_eos` (not the model's own stop ids) and, for
+//! completions, `return_tokens_as_token_ids`.
+//!
 //! Cairn's extensions: a `cairn` object in the body (`{"anchor": "..."}`: the GiGPO anchor
 //! state of this turn) and, for episode calls under training, the sampling override of
 //! [`RequestSettings::training_sampling`] (trl #4159: the trainer scores at the training
@@ -66,6 +70,12 @@ pub struct Job {
     pub parse_tools: bool,
     /// GiGPO anchor key of this turn.
     pub anchor: Option<String>,
+    /// Stop ids beside the model's own (`stop_token_ids`); the stop id stays in the output.
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at the model's own end-of-turn ids (`ignore_eos`).
+    pub ignore_eos: bool,
+    /// Completions' `logprobs.tokens` as `token_id:N` (`return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
     /// Text of the last message (what the policy acts on), for rows.
     pub observation: String,
 }
@@ -102,6 +112,10 @@ struct Common {
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
     logit_bias: Option<Map<String, Json>>,
+    /// vLLM's extensions: more stop ids (kept in the output), and no stop at the model's own
+    /// end-of-turn ids.
+    stop_token_ids: Option<Vec<i64>>,
+    ignore_eos: Option<bool>,
     cairn: Option<Extension>,
 }
 
@@ -129,6 +143,7 @@ struct CompletionBody {
     echo: Option<bool>,
     best_of: Option<i64>,
     suffix: Option<String>,
+    return_tokens_as_token_ids: Option<bool>,
     #[serde(flatten)]
     common: Common,
 }
@@ -373,6 +388,9 @@ impl RequestSettings {
             stream: body.common.stream.unwrap_or(false),
             include_usage: include_usage(&body.common),
             parse_tools: tools.is_some(),
+            stop_token_ids: stop_token_ids(&body.common, format.tokenizer().vocab_size())?,
+            ignore_eos: body.common.ignore_eos.unwrap_or(false),
+            tokens_as_ids: false,
             anchor: body.common.cairn.and_then(|c| c.anchor),
             observation,
         })
@@ -444,10 +462,28 @@ impl RequestSettings {
             stream: body.common.stream.unwrap_or(false),
             include_usage: include_usage(&body.common),
             parse_tools: false,
+            stop_token_ids: stop_token_ids(&body.common, vocab)?,
+            ignore_eos: body.common.ignore_eos.unwrap_or(false),
+            tokens_as_ids: body.return_tokens_as_token_ids.unwrap_or(false),
             anchor: body.common.cairn.and_then(|c| c.anchor),
             observation,
         })
     }
+}
+
+/// `stop_token_ids`, each checked against the vocabulary.
+fn stop_token_ids(c: &Common, vocab: usize) -> Result<Vec<u32>, ApiError> {
+    c.stop_token_ids
+        .iter()
+        .flatten()
+        .map(|&id| match u32::try_from(id) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => Err(ApiError::invalid(
+                "stop_token_ids",
+                format!("token id {id} is outside the vocabulary (0..{vocab})"),
+            )),
+        })
+        .collect()
 }
 
 fn include_usage(c: &Common) -> bool {

@@ -162,6 +162,13 @@ fn usage(job: &Job, outputs: &[Output]) -> Json {
            "total_tokens": prompt + completion})
 }
 
+/// The completions form of `logprobs` with each token as `token_id:N`
+/// (`return_tokens_as_token_ids`, vLLM's extension).
+fn token_id_logprobs_json(ids: &[u32], logprobs: &[f32]) -> Json {
+    let tokens: Vec<String> = ids.iter().map(|id| format!("token_id:{id}")).collect();
+    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": null})
+}
+
 /// Per-token log-prob entries in the chat form (`{"content": [{token, logprob, bytes,
 /// top_logprobs}]}`) or the completions form (`{tokens, token_logprobs, ...}`).
 fn logprobs_json(route: Route, ids: &[u32], logprobs: &[f32], tokenizer: &Tokenizer) -> Json {
@@ -192,9 +199,13 @@ pub fn body(job: &Job, outputs: &[Output], meta: &Meta<'_>, tokenizer: &Tokenize
         .iter()
         .enumerate()
         .map(|(i, o)| {
-            let logprobs = job
-                .logprobs
-                .then(|| logprobs_json(job.route, &o.ids, &o.logprobs, tokenizer));
+            let logprobs = job.logprobs.then(|| {
+                if job.tokens_as_ids {
+                    token_id_logprobs_json(&o.ids, &o.logprobs)
+                } else {
+                    logprobs_json(job.route, &o.ids, &o.logprobs, tokenizer)
+                }
+            });
             if chat {
                 let mut message = json!({"role": "assistant", "content": o.content});
                 if !o.tool_calls.is_empty() {

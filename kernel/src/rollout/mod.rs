@@ -88,10 +88,14 @@ pub enum FailureKind {
     /// ([`TurnContext::Prompt`]) that leaves no room for `max_new_tokens` in the model's
     /// context window: the plugin's context budget is too large for this model.
     ContextOverflow,
+    /// The external rollout engine (`[rollout.engine]`) failed the turn's generation on
+    /// every attempt: down, timed out, or an unusable answer. Every episode of that turn
+    /// fails.
+    Engine,
 }
 
 impl FailureKind {
-    /// `error`, `panic`, `timeout` or `context_overflow` (the metric suffix:
+    /// `error`, `panic`, `timeout`, `context_overflow` or `engine` (the metric suffix:
     /// `episodes/failed_<kind>`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -99,15 +103,17 @@ impl FailureKind {
             FailureKind::Panic => "panic",
             FailureKind::Timeout => "timeout",
             FailureKind::ContextOverflow => "context_overflow",
+            FailureKind::Engine => "engine",
         }
     }
 
     /// Every kind, in metric order.
-    pub const ALL: [FailureKind; 4] = [
+    pub const ALL: [FailureKind; 5] = [
         FailureKind::Error,
         FailureKind::Panic,
         FailureKind::Timeout,
         FailureKind::ContextOverflow,
+        FailureKind::Engine,
     ];
 }
 
@@ -222,6 +228,7 @@ struct Live {
 }
 
 /// Why an environment call gave no usable answer.
+#[derive(Clone)]
 struct Fault {
     kind: FailureKind,
     message: String,
@@ -333,7 +340,9 @@ fn step_episode(
 /// # Errors
 /// A prompt the kernel built (the variant's injection and the observation) that does not fit
 /// the context window, a failed generation or hook call, or a response the prompt builder
-/// cannot decode: these stop the whole call. Environment faults do not (see the module docs).
+/// cannot decode: these stop the whole call. Environment faults do not (see the module docs),
+/// nor does an external engine's [`crate::Error::Engine`]: the turn's episodes fail with kind
+/// [`FailureKind::Engine`].
 pub fn play(
     env: &Arc<dyn Environment>,
     builder: &dyn PromptBuilder,
@@ -449,7 +458,23 @@ pub fn play(
         }
         let mut sampling = params.sampling.clone();
         sampling.seed = mix(params.sampling.seed, u64::from(turn));
-        let (generations, version) = generate(&prompts, &sampling)?;
+        let (generations, version) = match generate(&prompts, &sampling) {
+            Ok(answer) => answer,
+            // An external engine that failed on every attempt fails this turn's episodes;
+            // the others of the step (and the run) go on.
+            Err(crate::Error::Engine { url, message }) => {
+                let fault = Fault {
+                    kind: FailureKind::Engine,
+                    message: format!("rollout engine {url}: {message}"),
+                };
+                for l in live {
+                    let Live { spec, rows, .. } = l;
+                    fail(&mut out, &spec, rows, "generate", turn, fault.clone());
+                }
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         if generations.len() != prompts.len() {
             return Err(crate::Error::Model(format!(
                 "generate returned {} responses for {} prompts",

@@ -329,3 +329,60 @@ fn training_temperature_applies_to_episode_calls_only() {
          which leaves no room for a completion; shorten the prompt"
     );
 }
+
+/// What a rollout engine's client sends (docs/engine.md): `ignore_eos` drops the model's own
+/// stop ids, `stop_token_ids` adds others (kept in the output), `return_tokens_as_token_ids`
+/// gives `logprobs.tokens` as `token_id:N`; `/tokenize` gives the ids of a text; and weights
+/// go in only through a loader, with their version.
+#[test]
+fn engine_extensions_reach_the_sampler() {
+    System::new().block_on(async {
+        let gw = gateway(&GENERATED);
+        let finish = |body: Json| {
+            let gw = gw.clone();
+            async move {
+                let done = gw
+                    .complete(Route::Completions, body.to_string().as_bytes(), None, None)
+                    .await
+                    .unwrap();
+                gw.body(&done)["choices"][0].clone()
+            }
+        };
+        let base = json!({"model": "cairn", "prompt": PROMPT_IDS, "max_tokens": 32, "logprobs": 1});
+        // The last sampled id is <|im_end|>, the model's own stop id.
+        let plain = finish(base.clone()).await;
+        assert_eq!(plain["finish_reason"], "stop");
+        let mut body = base.clone();
+        body["ignore_eos"] = json!(true);
+        assert_eq!(finish(body.clone()).await["finish_reason"], "length");
+        body["stop_token_ids"] = json!([151645]);
+        body["return_tokens_as_token_ids"] = json!(true);
+        let choice = finish(body).await;
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(ids(&choice["token_ids"]), GENERATED.to_vec());
+        let tokens: Vec<String> = GENERATED
+            .iter()
+            .map(|id| format!("token_id:{id}"))
+            .collect();
+        assert_eq!(choice["logprobs"]["tokens"], json!(tokens));
+        let mut bad = base.clone();
+        bad["stop_token_ids"] = json!([999_999_999]);
+        let e = gw
+            .complete(Route::Completions, bad.to_string().as_bytes(), None, None)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status(), e.param.as_deref()),
+            (400, Some("stop_token_ids"))
+        );
+
+        let t = gw
+            .tokenize(br#"{"prompt": "What is the capital"}"#)
+            .unwrap();
+        assert_eq!(
+            ids(&t["tokens"]),
+            qwen3().encode("What is the capital").unwrap()
+        );
+        assert_eq!(t["max_model_len"], 4096);
+    });
+}

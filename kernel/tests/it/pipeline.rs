@@ -338,6 +338,7 @@ fn run(toml: &str, drop_first_group: bool) -> Run {
         bank: cairn_kernel::bank::Bank::in_memory().expect("in-memory bank"),
         skills: config.skills.clone(),
         skills_api_key: None,
+        engine: None,
     };
     let summary = System::new().block_on(async {
         let pipeline = actors::start(parts);

@@ -615,6 +615,14 @@ impl PolicyBackend for TorchBackend {
     fn export(&self, tokenizer_dir: &Path, dir: &Path) -> cairn_kernel::Result<Vec<String>> {
         TorchBackend::export(self, tokenizer_dir, dir).map_err(Into::into)
     }
+
+    fn load_weights(&mut self, dir: &Path, version: u64) -> cairn_kernel::Result<()> {
+        // Every tensor is checked (present, shape, dtype) before the first is copied.
+        crate::weights::load_model_dir(&self.policy, dir)?;
+        self.policy_version = version;
+        self.versions.clear();
+        Ok(())
+    }
 }
 
 #[cfg(test)]

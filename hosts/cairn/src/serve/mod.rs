@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{Context, Result};
-use cairn_kernel::actors::policy::{GenerateStream, PolicyActor};
+use cairn_kernel::actors::policy::{GenerateStream, LoadWeights, PolicyActor};
 use cairn_kernel::actors::threads::SyncThreads;
 use cairn_kernel::backend::PolicyBackend;
 use cairn_kernel::config::PipelineConfig;
 use cairn_kernel::gateway::{
     EpisodeSource, EpisodeStore, Gateway, GatewayConfig, GatewayLink, RequestSettings, Sampler,
-    StopCollecting, StopSampling,
+    StopCollecting, StopSampling, WeightLoader,
 };
 use cairn_kernel::text::{ChatFormat, Tokenizer};
 use futures::future::{self, Either};
@@ -78,6 +78,7 @@ pub fn start(
         training,
         bind,
         None,
+        None,
     )
 }
 
@@ -91,6 +92,7 @@ fn start_serving(
     training: bool,
     bind: &str,
     dashboard_root: Option<&Path>,
+    weights: Option<Recipient<LoadWeights>>,
 ) -> Result<Started> {
     let format = ChatFormat::from_tokenizer(tokenizer.clone())
         .context("the gateway renders prompts with the model's chat template")?;
@@ -131,19 +133,28 @@ fn start_serving(
     let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
     let data = actix_web::web::Data::new(gateway.clone());
+    let loader = weights.map(|load| {
+        actix_web::web::Data::new(WeightLoader {
+            pause: sampler.clone().recipient(),
+            resume: sampler.clone().recipient(),
+            load,
+        })
+    });
     let dashboard = dashboard_root
         .map(|root| actix_web::web::Data::new(Dashboard::beside(root, gateway.clone())));
     let dashboard_base = dashboard.as_ref().map(|d| d.base().to_owned());
     let server = actix_web::HttpServer::new(move || {
         let dashboard = dashboard.clone();
-        actix_web::App::new()
-            .app_data(data.clone())
-            .configure(move |cfg| {
-                if let Some(d) = dashboard {
-                    crate::ui::configure(cfg, d);
-                }
-                routes::configure(cfg);
-            })
+        let mut app = actix_web::App::new().app_data(data.clone());
+        if let Some(loader) = &loader {
+            app = app.app_data(loader.clone());
+        }
+        app.configure(move |cfg| {
+            if let Some(d) = dashboard {
+                crate::ui::configure(cfg, d);
+            }
+            routes::configure(cfg);
+        })
     })
     .workers(2)
     // Under load the two cores go to the model: give slow clients time to send a request.
@@ -176,8 +187,8 @@ fn start_serving(
     })
 }
 
-/// `cairn serve CONFIG`: the config's model (optionally a checkpoint's weights) behind the
-/// gateway, until SIGINT (Ctrl-C) or SIGTERM. `ui`: the dashboard of the runs under `run.dir`
+/// `cairn serve CONFIG`: the config's model (optionally a checkpoint's weights, or another HF
+/// model directory: `model`) behind the gateway, until SIGINT (Ctrl-C) or SIGTERM. `ui`: the dashboard of the runs under `run.dir`
 /// beside it, under `/ui/`. Finished episodes are appended to `record` as
 /// JSON lines. A signal stops the gateway in its shutdown order ([`Started::shutdown`]: the
 /// requests in flight are answered, streams included, later ones get a 503 or a refused
@@ -187,10 +198,21 @@ pub fn serve(
     config_path: &Path,
     bind: Option<String>,
     checkpoint: Option<&Path>,
+    model: Option<PathBuf>,
     record: Option<PathBuf>,
     ui: bool,
 ) -> Result<()> {
-    let config = PipelineConfig::load(config_path)?;
+    let mut config = PipelineConfig::load(config_path)?;
+    if let Some(dir) = model {
+        if !dir.join("config.json").is_file() {
+            anyhow::bail!(
+                "--model {}: no config.json there; give a Hugging Face model directory",
+                dir.display()
+            );
+        }
+        config.model.path = Some(dir);
+        config.model.scratch = None;
+    }
     let policy_dir = checkpoint.map(setup::checkpoint_policy).transpose()?;
     let gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
     let tokenizer = match checkpoint {
@@ -223,10 +245,11 @@ pub fn serve(
                 &config,
                 &gateway_config,
                 &tokenizer,
-                policy.recipient(),
+                policy.clone().recipient(),
                 false,
                 &bind,
                 ui.then_some(config.run.dir.as_path()),
+                Some(policy.recipient()),
             )?;
             // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
             let recording = Box::pin(record_episodes(&started, record.as_deref()));

@@ -11,6 +11,8 @@
 //! | `POST /episodes/{id}/close` | close without a reward |
 //! | `GET /episodes/{id}` | calls, ids and segments of an episode |
 //! | `GET /health` | policy version and episode counters |
+//! | `POST /tokenize` | `{"prompt", "add_special_tokens"?}` → `{"tokens", "count", "max_model_len"}` |
+//! | `POST /update_weights_from_disk` | `{"model_path", "weight_version"}`: load a trainer's weights (`cairn serve` only; SGLang's route) |
 //!
 //! A call on `/v1/...` with an `X-Cairn-Episode` header belongs to that episode too;
 //! `X-Cairn-Anchor` gives the GiGPO anchor key of the turn (or `cairn.anchor` in the body).
@@ -23,7 +25,7 @@ use std::convert::Infallible;
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
-use cairn_kernel::gateway::{ApiError, ApiErrorKind, Gateway, Route};
+use cairn_kernel::gateway::{ApiError, ApiErrorKind, Gateway, Route, WeightLoader};
 use futures::StreamExt;
 
 /// Largest request body, bytes.
@@ -42,6 +44,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/episodes/{id}/reward", web::post().to(reward))
         .route("/episodes/{id}/close", web::post().to(close))
         .route("/health", web::get().to(health))
+        .route("/tokenize", web::post().to(tokenize))
+        .route("/update_weights_from_disk", web::post().to(update_weights))
         .default_service(web::to(unknown_route));
 }
 
@@ -188,6 +192,31 @@ async fn close(id: web::Path<String>, gw: web::Data<Gateway>) -> HttpResponse {
 
 async fn view_episode(id: web::Path<String>, gw: web::Data<Gateway>) -> HttpResponse {
     reply(gw.view(&id))
+}
+
+async fn tokenize(payload: web::Payload, gw: web::Data<Gateway>) -> HttpResponse {
+    match read_body(payload).await {
+        Ok(body) => reply(gw.tokenize(&body)),
+        Err(e) => error(&e),
+    }
+}
+
+async fn update_weights(
+    payload: web::Payload,
+    gw: web::Data<Gateway>,
+    loader: Option<web::Data<WeightLoader>>,
+) -> HttpResponse {
+    let Some(loader) = loader else {
+        return error(&ApiError::new(
+            ApiErrorKind::InvalidRequest,
+            "this gateway serves a training run's own policy (`cairn train`), which takes no \
+             outside weights; load weights into `cairn serve`",
+        ));
+    };
+    match read_body(payload).await {
+        Ok(body) => reply(gw.update_weights(&loader, &body).await),
+        Err(e) => error(&e),
+    }
 }
 
 async fn health(gw: web::Data<Gateway>) -> HttpResponse {

@@ -90,14 +90,14 @@ lr = 1e-3
 }
 
 /// A `cairn` child whose gateway address was read from its stderr.
-struct Gateway {
-    child: Child,
-    url: String,
+pub(crate) struct Gateway {
+    pub(crate) child: Child,
+    pub(crate) url: String,
     stderr: mpsc::Receiver<String>,
 }
 
 impl Gateway {
-    fn start(args: &[&str]) -> Gateway {
+    pub(crate) fn start(args: &[&str]) -> Gateway {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(args)
             .env("CAIRN_LOG", "warn")

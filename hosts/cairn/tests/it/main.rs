@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod bank;
+mod engine;
 mod faults;
 mod gateway;
 mod import;

@@ -1,0 +1,286 @@
+//! The host side of `[rollout.engine]` (docs/engine.md): launch a local engine when asked,
+//! connect to the engines, and refuse one that serves another model, tokenizer or context
+//! length before anything trains.
+//!
+//! A launched engine ([`Launched`]) is started on the policy's weights, exported in HF format
+//! into `weights_dir`, with its output in `<run>/engine.log`; the run waits for its
+//! `GET /health`, and stops it (SIGTERM, then SIGKILL after 10 s) when the run ends, whichever
+//! way it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use cairn_kernel::backend::PolicyBackend;
+use cairn_kernel::config::PipelineConfig;
+use cairn_kernel::engine::{EngineClient, EngineConfig, EngineKind, EngineSettings, LaunchConfig};
+use cairn_kernel::text::Tokenizer;
+
+/// Ids in the probe prompt.
+const PROBE_LEN: usize = 16;
+/// How long a launched engine gets to stop after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A server Cairn started; stopped when dropped.
+pub struct Launched {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SIGTERM first: vLLM and `cairn serve` finish their requests and exit.
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: `kill` with a pid of our own child and a valid signal has no memory
+            // effects.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                eprintln!("engine: the launched server at {} stopped", self.url);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        eprintln!(
+            "engine: the launched server at {} did not stop within {} s of SIGTERM; killed it",
+            self.url,
+            STOP_GRACE.as_secs()
+        );
+    }
+}
+
+/// The connected engine for the pipeline, and the launched server to keep alive meanwhile.
+pub struct Prepared {
+    pub client: EngineClient,
+    pub settings: EngineSettings,
+    pub launched: Option<Launched>,
+}
+
+/// Connects the run's engine, launching it first when configured; `None` without
+/// `[rollout.engine]`. `context_window` is the trainer's model's.
+pub fn prepare(
+    config: &PipelineConfig,
+    run_root: &Path,
+    backend: &dyn PolicyBackend,
+    tokenizer: &Tokenizer,
+    context_window: usize,
+) -> Result<Option<Prepared>> {
+    let Some(engine) = &config.rollout.engine else {
+        return Ok(None);
+    };
+    let weights_dir = engine
+        .weights_dir
+        .clone()
+        .unwrap_or_else(|| run_root.join("engine"));
+    std::fs::create_dir_all(&weights_dir).with_context(|| {
+        format!(
+            "rollout.engine.weights_dir: creating {}",
+            weights_dir.display()
+        )
+    })?;
+    let tokenizer_dir = cairn::setup::tokenizer_dir(config, run_root);
+    let mut urls = engine.base_urls.clone();
+    let launched = match &engine.launch {
+        Some(launch) => {
+            let dir = match engine.kind {
+                EngineKind::Vllm => weights_dir.join("served"),
+                _ => weights_dir.join("launch"),
+            };
+            backend.export(&tokenizer_dir, &dir).with_context(|| {
+                format!("writing the engine's first weights to {}", dir.display())
+            })?;
+            let l = launch_engine(engine, launch, &dir, run_root)?;
+            urls = vec![l.url.clone()];
+            Some(l)
+        }
+        None => None,
+    };
+    let client = EngineClient::connect(engine, &urls, tokenizer.vocab_size())?;
+    check_context(&client, context_window)?;
+    check_tokenizer(&client, tokenizer)?;
+    eprintln!(
+        "engine: {} `{}` at {}",
+        engine.kind.as_str(),
+        client.model(),
+        client.urls().join(", ")
+    );
+    let r = &config.rollout;
+    Ok(Some(Prepared {
+        settings: EngineSettings {
+            max_staleness: r.max_staleness,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            probe_tolerance: engine.probe_tolerance,
+            weights_dir,
+            tokenizer_dir,
+            probe_prompt: cairn_kernel::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN),
+            seed: config.run.seed,
+        },
+        client,
+        launched,
+    }))
+}
+
+/// Every engine's `max_model_len` must be the trainer's context window.
+fn check_context(client: &EngineClient, context_window: usize) -> Result<()> {
+    for served in client.models()? {
+        if let Some(w) = served.context_window {
+            if w != context_window {
+                bail!(
+                    "rollout engine {}: it serves a context of {w} tokens, but the trainer's \
+                     model has {context_window}; start the engine with that length (vLLM: \
+                     `--max-model-len {context_window}`), or the rows it samples could not be \
+                     trained on as they are",
+                    served.url
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The engine's ids for a text made of the trainer's vocabulary must be the trainer's.
+fn check_tokenizer(client: &EngineClient, tokenizer: &Tokenizer) -> Result<()> {
+    let probe = cairn_kernel::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN);
+    let text = tokenizer.decode(&probe)?;
+    let ours = tokenizer.encode(&text)?;
+    for url in client.urls() {
+        match client.tokenize(&url, &text)? {
+            Some(theirs) if theirs == ours => {}
+            Some(theirs) => {
+                let at = ours
+                    .iter()
+                    .zip(&theirs)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(ours.len().min(theirs.len()));
+                bail!(
+                    "rollout engine {url}: its tokenizer differs from the trainer's: for the text \
+                     {text:?} it gives {} ids and the trainer {} (first difference at id {at}: \
+                     {:?} vs {:?}); serve the model directory with the trainer's tokenizer files",
+                    theirs.len(),
+                    ours.len(),
+                    theirs.get(at),
+                    ours.get(at)
+                );
+            }
+            None => eprintln!(
+                "engine: {url} has no POST /tokenize, so its tokenizer was not compared with \
+                 the trainer's (the vocabulary bound and the log-prob probe still are)"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Starts `launch.command` (placeholders filled in) and waits for its `/health`.
+fn launch_engine(
+    engine: &EngineConfig,
+    launch: &LaunchConfig,
+    model_dir: &Path,
+    run_root: &Path,
+) -> Result<Launched> {
+    let (url, port) = match engine.base_urls.first() {
+        Some(u) => {
+            let port = u
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+                .with_context(|| {
+                    format!("rollout.engine.base_urls: `{u}` names no port for `{{port}}`")
+                })?;
+            (u.trim_end_matches('/').to_owned(), port)
+        }
+        None => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .context("finding a free port for the engine")?
+                .port();
+            (format!("http://127.0.0.1:{port}"), port)
+        }
+    };
+    let fill = |arg: &str| {
+        arg.replace("{model}", &model_dir.display().to_string())
+            .replace("{port}", &port.to_string())
+            .replace("{host}", "127.0.0.1")
+    };
+    let args: Vec<String> = launch.command.iter().map(|a| fill(a)).collect();
+    let log_path = run_root.join("engine.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let err = log.try_clone()?;
+    let mut command = Command::new(&args[0]);
+    command
+        .args(&args[1..])
+        .envs(&launch.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err));
+    let child = command.spawn().with_context(|| {
+        format!(
+            "rollout.engine.launch.command: starting `{}`",
+            args.join(" ")
+        )
+    })?;
+    let mut launched = Launched {
+        child,
+        url: url.clone(),
+    };
+    eprintln!(
+        "engine: started `{}` (pid {}, output in {}); waiting for {url}/health",
+        args.join(" "),
+        launched.child.id(),
+        log_path.display()
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .http_status_as_error(false)
+        .proxy(None)
+        .build()
+        .into();
+    let deadline = Instant::now() + Duration::from_secs_f64(launch.startup_timeout_s);
+    loop {
+        if let Some(status) = launched.child.try_wait()? {
+            bail!(
+                "rollout.engine.launch: `{}` exited ({status}) before it served {url}/health; \
+                 the end of {}:\n{}",
+                args.join(" "),
+                log_path.display(),
+                tail(&log_path, 20)
+            );
+        }
+        if agent
+            .get(format!("{url}/health"))
+            .call()
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(launched);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "rollout.engine.launch: {url}/health did not answer within {} s \
+                 (`rollout.engine.launch.startup_timeout_s`); the end of {}:\n{}",
+                launch.startup_timeout_s,
+                log_path.display(),
+                tail(&log_path, 20)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The last `n` lines of a file, for errors.
+fn tail(path: &PathBuf, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,379 @@
+//! An external rollout engine: the rollout actors' generation goes to vLLM, SGLang or
+//! `cairn serve` over HTTP instead of the policy actor, and the engine gets the trainer's
+//! weights at each policy version (docs/engine.md).
+//!
+//! [`EngineActor`] answers the same [`Generate`] message as the policy actor, so the rollout
+//! actors, every plugin, the objective and the data pool see rows exactly like those of
+//! Cairn's own backend: the ids and log-probs are the engine's, verbatim
+//! ([`client`]), and `policy_version` is the version the engine served them with.
+//!
+//! **Weight sync.** Before a generation, the actor compares the trainer's policy version with
+//! the one the engine serves. With `rollout.max_staleness = 0` an older engine is synced
+//! first, so every turn is sampled by the live weights. With `max_staleness = k > 0` the
+//! sync runs on a thread of its own while rollouts go on with the old version (as long as it
+//! is at most `k` behind; further behind, the generation waits for the sync). A sync writes
+//! the weights in HF format ([`ExportForEngine`], on the policy actor's thread) into
+//! `weights_dir`, has each engine load them ([`EngineClient::load_weights`]), and checks them.
+//!
+//! **The probe.** After every sync each engine samples a few ids after a fixed probe prompt,
+//! and the trainer scores them with the weights of the synced version at the rollout
+//! temperature. The mean |difference| of the log-probs must stay under
+//! `rollout.engine.probe_tolerance`: a sync that silently did nothing (verl #7495, slime
+//! #2280) fails here, and so does an engine whose log-probs mean something else (raw
+//! log-probs before the temperature, trl #4159) at the first sync, with an error that names
+//! the setting to fix. The probe's mismatch is in `engine/probe_mismatch`.
+
+pub mod client;
+pub mod config;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use parking_lot::Mutex;
+
+pub use client::{Completion, EngineClient, ServedModel};
+pub use config::{EngineConfig, EngineKind, LaunchConfig};
+
+use crate::actors::policy::{call, Generate, Generated, PolicyActor, PolicyVersion, Score};
+use crate::backend::{SamplingParams, Sequence, Weights};
+use crate::error::{Error, Result};
+
+/// Tokens the probe samples.
+const PROBE_TOKENS: u32 = 8;
+/// Weight directories kept in `weights_dir` (older ones are removed after a sync).
+const KEPT_WEIGHT_DIRS: usize = 2;
+
+/// Export the live weights in HF format into `dir`, with the version they are.
+#[derive(Message)]
+#[rtype(result = "Result<u64>")]
+pub struct ExportForEngine {
+    pub tokenizer_dir: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Handler<ExportForEngine> for PolicyActor {
+    type Result = Result<u64>;
+    fn handle(&mut self, msg: ExportForEngine, _: &mut Self::Context) -> Self::Result {
+        self.export_versioned(&msg.tokenizer_dir, &msg.dir)
+    }
+}
+
+/// What the engine actor needs besides the client.
+#[derive(Clone, Debug)]
+pub struct EngineSettings {
+    /// `rollout.max_staleness`.
+    pub max_staleness: u64,
+    /// `rollout.temperature` and `rollout.top_p`: the probe samples and is scored at them.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub probe_tolerance: f64,
+    /// Where the weights go (`rollout.engine.weights_dir`).
+    pub weights_dir: PathBuf,
+    /// The tokenizer files shipped with the weights.
+    pub tokenizer_dir: PathBuf,
+    /// The probe prompt's ids.
+    pub probe_prompt: Vec<u32>,
+    /// The run's seed (the probe's sampling seed derives from it).
+    pub seed: u64,
+}
+
+/// The policy actor's services the engine needs.
+#[derive(Clone)]
+pub struct PolicyLinks {
+    pub version: Recipient<PolicyVersion>,
+    pub export: Recipient<ExportForEngine>,
+    pub score: Recipient<Score>,
+}
+
+/// Sentinel of "the engine serves no known version yet".
+const UNSYNCED: u64 = u64::MAX;
+
+/// Shared by the actor and its background sync thread.
+struct Core {
+    client: EngineClient,
+    settings: EngineSettings,
+    policy: PolicyLinks,
+    /// The version every engine serves ([`UNSYNCED`] before the first sync).
+    served: AtomicU64,
+    /// Held while a sync runs.
+    syncing: Mutex<()>,
+    /// A background sync in flight.
+    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The error of a background sync, reported by the next generation.
+    failed: Mutex<Option<Error>>,
+    /// Mean |Δ log-prob| of the last probe, nats per token (as f64 bits).
+    last_probe: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// Answers [`Generate`] through the engine. Start it on a `SyncArbiter` thread.
+pub struct EngineActor {
+    core: Arc<Core>,
+}
+
+impl EngineActor {
+    pub fn new(client: EngineClient, settings: EngineSettings, policy: PolicyLinks) -> Self {
+        EngineActor {
+            core: Arc::new(Core {
+                client,
+                settings,
+                policy,
+                served: AtomicU64::new(UNSYNCED),
+                syncing: Mutex::new(()),
+                background: Mutex::new(None),
+                failed: Mutex::new(None),
+                last_probe: AtomicU64::new(0f64.to_bits()),
+                syncs: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl Actor for EngineActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<Generate> for EngineActor {
+    type Result = Result<Generated>;
+    fn handle(&mut self, msg: Generate, _: &mut Self::Context) -> Self::Result {
+        let core = &self.core;
+        core.ensure_synced()?;
+        let served = core.served.load(Ordering::SeqCst);
+        let out = core.client.generate(&msg.prompts, &msg.params)?;
+        Ok(Generated {
+            policy_version: out.policy_version.unwrap_or(served),
+            generations: out.generations,
+        })
+    }
+}
+
+/// The engine's counters: syncs done and the last probe's mismatch.
+#[derive(Message)]
+#[rtype(result = "EngineStats")]
+pub struct ReadEngineStats;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub syncs: u64,
+    /// Mean |engine − trainer| log-prob on the probe at the last sync, nats per token.
+    pub probe_mismatch: f64,
+    pub served_version: Option<u64>,
+}
+
+impl Handler<ReadEngineStats> for EngineActor {
+    type Result = MessageResult<ReadEngineStats>;
+    fn handle(&mut self, _: ReadEngineStats, _: &mut Self::Context) -> Self::Result {
+        let c = &self.core;
+        let served = c.served.load(Ordering::SeqCst);
+        MessageResult(EngineStats {
+            syncs: c.syncs.load(Ordering::SeqCst),
+            probe_mismatch: f64::from_bits(c.last_probe.load(Ordering::SeqCst)),
+            served_version: (served != UNSYNCED).then_some(served),
+        })
+    }
+}
+
+impl Core {
+    /// Syncs now, starts a background sync, or does nothing (module docs).
+    fn ensure_synced(self: &Arc<Self>) -> Result<()> {
+        if let Some(e) = self.failed.lock().take() {
+            return Err(e);
+        }
+        let trainer = call(&self.policy.version, PolicyVersion)?;
+        let served = self.served.load(Ordering::SeqCst);
+        if served != UNSYNCED && served >= trainer {
+            return Ok(());
+        }
+        let k = self.settings.max_staleness;
+        if served == UNSYNCED || k == 0 || trainer - served > k {
+            self.wait_background();
+            return self.sync();
+        }
+        let mut background = self.background.lock();
+        if background.as_ref().is_none_or(|h| h.is_finished()) {
+            let core = self.clone();
+            *background = Some(std::thread::spawn(move || {
+                if let Err(e) = core.sync() {
+                    *core.failed.lock() = Some(e);
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    fn wait_background(&self) {
+        let handle = self.background.lock().take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// Exports the live weights, has every engine load them, probes each (module docs).
+    fn sync(&self) -> Result<()> {
+        let _held = self.syncing.lock();
+        let trainer = call(&self.policy.version, PolicyVersion)?;
+        let served = self.served.load(Ordering::SeqCst);
+        if served != UNSYNCED && served >= trainer {
+            return Ok(());
+        }
+        let first = served == UNSYNCED;
+        let s = &self.settings;
+        let dir = match self.client.kind() {
+            // vLLM reloads from the directory it was started on.
+            EngineKind::Vllm => s.weights_dir.join("served"),
+            _ => s.weights_dir.join(format!("v{trainer:06}")),
+        };
+        let version = call(
+            &self.policy.export,
+            ExportForEngine {
+                tokenizer_dir: s.tokenizer_dir.clone(),
+                dir: dir.clone(),
+            },
+        )??;
+        // An engine that is gone is taken out of the run; the others must all take the
+        // weights (and pass the probe), or the sync fails.
+        let mut loaded = 0;
+        for url in self.client.urls() {
+            match self.client.load_weights(&url, &dir, version) {
+                Ok(()) => loaded += 1,
+                Err(e) if self.client.urls().len() > 1 && !self.client.healthy(&url) => {
+                    self.client.mark_down(&url, &e.to_string());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if loaded == 0 {
+            self.client.check_live()?;
+        }
+        for url in self.client.urls() {
+            self.probe(&url, version, first, &dir)?;
+        }
+        self.served.store(version, Ordering::SeqCst);
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        tracing::info!(version, "engine weights synced");
+        if self.client.kind() != EngineKind::Vllm {
+            prune_weight_dirs(&s.weights_dir, &dir);
+        }
+        Ok(())
+    }
+
+    /// The probe check of one engine after the sync to `version`.
+    fn probe(&self, url: &str, version: u64, first: bool, dir: &std::path::Path) -> Result<()> {
+        let s = &self.settings;
+        let params = SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            max_new_tokens: PROBE_TOKENS,
+            stop_ids: Vec::new(),
+            seed: crate::rollout::mix(s.seed, version),
+        };
+        let out = self.client.probe(url, &s.probe_prompt, &params)?;
+        let g = &out.generations[0];
+        if let Some(reported) = out.policy_version {
+            if reported != version {
+                return Err(Error::Engine {
+                    url: url.to_owned(),
+                    message: format!(
+                        "after loading the weights of policy version {version} it reports \
+                         policy version {reported}: the sync did nothing"
+                    ),
+                });
+            }
+        }
+        let trainer = call(
+            &self.policy.score,
+            Score {
+                sequences: vec![Sequence {
+                    prompt_ids: s.probe_prompt.clone(),
+                    response_ids: g.ids.clone(),
+                }],
+                temperature: s.temperature,
+                weights: Weights::Version(version),
+            },
+        )??;
+        let mismatch = mean_abs_diff(&g.logprobs, &trainer[0]);
+        self.last_probe.store(mismatch.to_bits(), Ordering::SeqCst);
+        if mismatch <= s.probe_tolerance {
+            return Ok(());
+        }
+        let found = format!(
+            "on the probe prompt the engine's log-probs differ from the trainer's (policy \
+             version {version}, temperature {}) by {mismatch:.4} nats per token, over \
+             `rollout.engine.probe_tolerance` = {}",
+            s.temperature, s.probe_tolerance
+        );
+        let message = if first {
+            let fix = match self.client.kind() {
+                EngineKind::Vllm => {
+                    "start vLLM with `--logprobs-mode processed_logprobs` (by default it reports \
+                     log-probs before the temperature: trl #4159), the same dtype as \
+                     `model.dtype`, and on the weights directory Cairn wrote"
+                }
+                _ => {
+                    "the engine must report log softmax(logits / T) of each sampled id, before \
+                     top-p, at the request's temperature (trl #4159), and serve the weights \
+                     Cairn sent it; a lower-precision engine needs a larger tolerance"
+                }
+            };
+            format!("{found}: {fix}")
+        } else {
+            format!(
+                "{found}: the engine did not take the new weights in {} (a sync that silently \
+                 did nothing: verl #7495, slime #2280)",
+                dir.display()
+            )
+        };
+        Err(Error::Engine {
+            url: url.to_owned(),
+            message,
+        })
+    }
+}
+
+/// Mean |a − b| over the common length, as f64 (0 for empty inputs).
+pub fn mean_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len().min(b.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let sum: f64 = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).sum();
+    sum / n as f64
+}
+
+/// Removes the `v*` weight directories of `weights_dir` but the newest few (`keep` among
+/// them).
+fn prune_weight_dirs(weights_dir: &std::path::Path, keep: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(weights_dir) else {
+        return;
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with('v'))
+        })
+        .collect();
+    dirs.sort();
+    let excess = dirs.len().saturating_sub(KEPT_WEIGHT_DIRS);
+    for d in dirs.into_iter().take(excess) {
+        if d != keep {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+}
+
+/// A probe prompt of `len` ids spread over the vocabulary (deterministic; any ids do, the
+/// probe compares log-probs, not text).
+pub fn probe_prompt(vocab_size: usize, len: usize) -> Vec<u32> {
+    let v = vocab_size.max(2) as u64;
+    (0..len as u64)
+        .map(|i| (1 + (i * 2_654_435_761 + 97) % (v - 1)) as u32)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
