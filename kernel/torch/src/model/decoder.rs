@@ -21,10 +21,10 @@ use super::config::{Dtype, ModelConfig};
 use super::init::init_weights;
 use super::kv_cache::KvCache;
 use super::linear::Linear;
-use super::mask::{additive_mask, attention_mask};
+use super::mask::attention_mask;
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
-use super::rotary::{RopeTables, RotaryEmbedding};
+use super::rotary::RotaryEmbedding;
 use crate::error::{Error, Result};
 
 /// One transformer block, `model.layers.{i}`.
@@ -53,33 +53,25 @@ impl DecoderLayer {
     fn forward(
         &self,
         xs: &Tensor,
-        rope: &RopeTables,
+        cos: &Tensor,
+        sin: &Tensor,
         mask: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
         let _span = tracing::trace_span!("decoder_layer", layer = self.index).entered();
         let attn = self.self_attn.forward(
             &self.input_layernorm.forward(xs),
-            rope,
+            cos,
+            sin,
             mask,
             cache.map(|c| (c, self.index)),
         );
-        let xs = residual(xs, attn);
+        let xs = xs + attn;
         let mlp = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&xs));
-        residual(&xs, mlp)
+        xs + mlp
     }
-}
-
-/// `residual + out` (transformers' order; the sum is the same either way). Without gradients
-/// the sum is written into `out`, a block's fresh output, instead of a new tensor.
-fn residual(residual: &Tensor, mut out: Tensor) -> Tensor {
-    if out.requires_grad() || residual.requires_grad() {
-        return residual + out;
-    }
-    out += residual;
-    out
 }
 
 /// A causal language model: token ids in, hidden states or logits out.
@@ -215,12 +207,10 @@ impl CausalLm {
         }
         let kind = self.dtype.kind();
         let mut xs = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
-        // Shared by every layer: the RoPE tables, and the mask in the additive form
-        // `scaled_dot_product_attention` would otherwise convert it to in each layer.
-        let rope = self.rotary.tables(position_ids, kind);
-        let mask = additive_mask(&attention_mask(key_valid, t, offset), kind);
+        let (cos, sin) = self.rotary.cos_sin(position_ids, kind);
+        let mask = attention_mask(key_valid, t, offset);
         for layer in &self.layers {
-            xs = layer.forward(&xs, &rope, &mask, cache.as_deref_mut());
+            xs = layer.forward(&xs, &cos, &sin, &mask, cache.as_deref_mut());
         }
         if let Some(cache) = cache {
             cache.advance(t);

@@ -80,10 +80,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Writes `k`, `v` `[B, H_kv, T, D]` (any strides) of `layer` at `[len, len + T)` and
-    /// returns the keys and values `[B, H_kv, len + T, D]` to attend over: views of the cache
-    /// (strided over `T_max`), which attention reads in place, not copies.
-    /// [`KvCache::advance`] moves `len` once every layer has written.
+    /// Writes `k`, `v` `[B, H_kv, T, D]` of `layer` at `[len, len + T)` and returns the keys
+    /// and values `[B, H_kv, len + T, D]` to attend over. [`KvCache::advance`] moves `len`
+    /// once every layer has written.
     pub(crate) fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
         let t = k.size()[2];
         let (ck, cv) = &mut self.layers[layer];

@@ -26,16 +26,6 @@ pub fn attention_mask(key_valid: &Tensor, q_len: i64, offset: i64) -> Tensor {
     causal.unsqueeze(0).unsqueeze(0).logical_and(&visible)
 }
 
-/// The boolean mask `[B, 1, T, S]` as the additive mask `scaled_dot_product_attention` turns
-/// it into on every call (`0` where true, `-inf` where false, in `kind`, the query dtype): the
-/// model converts once per forward instead of once per layer. Values and results are the same.
-pub fn additive_mask(mask: &Tensor, kind: Kind) -> Tensor {
-    let device = mask.device();
-    let zero = Tensor::scalar_tensor(0.0, (kind, device));
-    let hidden = Tensor::scalar_tensor(f64::NEG_INFINITY, (kind, device));
-    zero.where_self(mask, &hidden)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,18 +49,5 @@ mod tests {
         let valid = Tensor::from_slice(&[false, true, true, true]).view([1, 4]);
         let got: Vec<bool> = Vec::try_from(attention_mask(&valid, 1, 3).view([4])).unwrap();
         assert_eq!(got, vec![false, true, true, true]);
-    }
-
-    #[test]
-    fn additive_mask_is_zero_where_attended_and_minus_infinity_elsewhere() {
-        let valid = Tensor::from_slice(&[false, true, true]).view([1, 3]);
-        let mask = attention_mask(&valid, 3, 0);
-        for kind in [Kind::Float, Kind::BFloat16] {
-            let add = additive_mask(&mask, kind);
-            assert_eq!((add.kind(), add.size()), (kind, vec![1, 1, 3, 3]));
-            let got: Vec<f32> = Vec::try_from(add.to_kind(Kind::Float).view([9])).unwrap();
-            let ninf = f32::NEG_INFINITY;
-            assert_eq!(got, vec![0.0, ninf, ninf, ninf, 0.0, ninf, ninf, 0.0, 0.0]);
-        }
     }
 }

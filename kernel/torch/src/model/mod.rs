@@ -3,11 +3,9 @@
 //! One concept per file, after candle-nn: [`config`] (HF `config.json`), [`linear`],
 //! [`rms_norm`], [`rotary`] (RoPE), [`mask`] (padding-aware causal masks), [`attention`]
 //! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights) and [`decoder`]
-//! ([`CausalLm`], the model). Numerics follow transformers op for op, or in fewer libtorch
-//! calls with bitwise equal values (fused RMSNorm, RoPE tables built once per forward, GQA
-//! without repeated K/V; each file's tests compare against the op-for-op form), so log-probs
-//! match `AutoModelForCausalLM` to float tolerance. Callers:
-//! [`crate::backend::TorchBackend`], and tests that need a bare forward.
+//! ([`CausalLm`], the model). Numerics follow transformers op for op, so log-probs match
+//! `AutoModelForCausalLM` to float tolerance. Callers: [`crate::backend::TorchBackend`], and
+//! tests that need a bare forward.
 
 pub mod attention;
 pub mod config;

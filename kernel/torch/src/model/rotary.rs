@@ -3,12 +3,6 @@
 //! The inverse frequencies are computed once, in f32, with the same libtorch ops and order as
 //! `LlamaRotaryEmbedding.compute_default_rope_parameters` and
 //! `_compute_llama3_parameters`, so the cos/sin tables match transformers bit for bit.
-//!
-//! The model applies RoPE through [`RopeTables`], built once per forward and shared by every
-//! layer: `x·cos + roll(x, D/2)·sin±`, where `sin±` is `sin` with its first half negated. That
-//! is [`apply_rotary`]'s `x·cos + rotate_half(x)·sin` with the same products and the same sum
-//! (negating a factor is exact), so the values are bitwise equal, in three kernels instead of
-//! six and without the per-layer `cat`.
 
 use std::f64::consts::PI;
 
@@ -55,54 +49,9 @@ impl RotaryEmbedding {
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
         (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
     }
-
-    /// The tables of one forward, for positions `[B, T]` (int64), in `kind`.
-    pub fn tables(&self, position_ids: &Tensor, kind: Kind) -> RopeTables {
-        let (cos, sin) = self.cos_sin(position_ids, kind);
-        let half = cos.size()[2] / 2;
-        let sin_signed = Tensor::cat(
-            &[&(-sin.narrow(-1, 0, half)), &sin.narrow(-1, half, half)],
-            -1,
-        );
-        RopeTables {
-            cos: cos.unsqueeze(2),
-            sin_signed: sin_signed.unsqueeze(2),
-            half,
-        }
-    }
 }
 
-/// RoPE of one forward: cos/sin at its positions, laid out to broadcast over the heads of
-/// `[B, T, H, D]` (the projections' layout, before the heads are transposed).
-#[derive(Debug)]
-pub struct RopeTables {
-    /// `[B, T, 1, D]`.
-    cos: Tensor,
-    /// `[B, T, 1, D]`: `[-sin[..D/2], sin[D/2..]]`, so that `rotate_half(x)·sin` is
-    /// `roll(x, D/2)·sin_signed`.
-    sin_signed: Tensor,
-    /// `D/2`.
-    half: i64,
-}
-
-impl RopeTables {
-    /// `xs` `[B, T, H, D]` → RoPE applied, `[B, T, H, D]`: bitwise [`apply_rotary`] (on the
-    /// transposed layout). When neither `xs` nor the tables need gradients, the sum is taken
-    /// in place into the `x·cos` product.
-    pub fn apply(&self, xs: &Tensor) -> Tensor {
-        let rotated = xs.roll([self.half], [-1]) * &self.sin_signed;
-        let mut out = xs * &self.cos;
-        if out.requires_grad() || rotated.requires_grad() {
-            return out + rotated;
-        }
-        out += rotated;
-        out
-    }
-}
-
-/// Applies RoPE to `xs` `[B, H, T, D]` with `cos`/`sin` `[B, T, D]`:
-/// `x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb` op for op (the reference
-/// [`RopeTables::apply`] must equal).
+/// Applies RoPE to `xs` `[B, H, T, D]` with `cos`/`sin` `[B, T, D]`: `x·cos + rotate_half(x)·sin`.
 pub fn apply_rotary(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let cos = cos.unsqueeze(1);
     let sin = sin.unsqueeze(1);
@@ -173,32 +122,6 @@ mod tests {
         assert!(d0 < 1e-7);
         let dn = (y.norm() - x.norm()).abs().double_value(&[]);
         assert!(dn < 1e-4);
-    }
-
-    /// The per-forward tables give [`apply_rotary`]'s values bit for bit, in f32 and bf16,
-    /// through the in-place (no grad) and the out-of-place (grad) branch.
-    #[test]
-    fn tables_equal_rotate_half_bitwise() {
-        tch::manual_seed(5);
-        let config = ModelConfig::qwen3(16, 32, 64, 1, 4, 2);
-        let rope = RotaryEmbedding::new(&config, Device::Cpu);
-        for kind in [Kind::Float, Kind::BFloat16] {
-            for (b, t, h) in [(1i64, 1i64, 4i64), (3, 7, 2)] {
-                let pos = Tensor::randint(4000, [b, t], (Kind::Int64, Device::Cpu));
-                let (cos, sin) = rope.cos_sin(&pos, kind);
-                let tables = rope.tables(&pos, kind);
-                let x = Tensor::randn([b, t, h, 8], (Kind::Float, Device::Cpu)).to_kind(kind);
-                let want = apply_rotary(&x.transpose(1, 2), &cos, &sin).transpose(1, 2);
-                let got = tch::no_grad(|| tables.apply(&x));
-                assert!(got.equal(&want), "{kind:?} no grad");
-                if kind == Kind::Float {
-                    let x = x.set_requires_grad(true);
-                    let got = tables.apply(&x);
-                    assert!(got.requires_grad());
-                    assert!(got.detach().equal(&want), "{kind:?} grad");
-                }
-            }
-        }
     }
 
     #[test]
