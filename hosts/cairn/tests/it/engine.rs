@@ -212,9 +212,18 @@ fn mismatched_or_missing_engines_are_refused_at_start_up() {
         "{err}"
     );
     drop(other);
-    // A launch command that exits at once: its output is shown.
+    // A launch command without `{port}`: Cairn could not know where it listens.
     let err = with_engine(&format!(
         "kind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"/nonexistent.toml\"] }}",
+        bin()
+    ));
+    assert!(
+        err.contains("rollout.engine.launch.command") && err.contains("`{port}`"),
+        "{err}"
+    );
+    // A launch command that exits at once: its output is shown.
+    let err = with_engine(&format!(
+        "kind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"/nonexistent.toml\",          \"--bind\", \"127.0.0.1:{{port}}\"] }}",
         bin()
     ));
     assert!(
