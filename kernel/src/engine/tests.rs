@@ -38,6 +38,16 @@ impl MockEngine {
         MockEngine { url, seen }
     }
 
+    /// The bodies of the `/v1/completions` requests, in order.
+    fn completions(&self) -> Vec<Value> {
+        self.seen
+            .lock()
+            .iter()
+            .filter(|(p, _)| p == "/v1/completions")
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
     fn paths(&self) -> Vec<String> {
         self.seen.lock().iter().map(|(p, _)| p.clone()).collect()
     }
@@ -161,20 +171,7 @@ fn rows_carry_the_engines_ids_and_logprobs_verbatim_in_prompt_order() {
     assert_eq!(out.policy_version, None);
     // Token ids went out as ids, split in order: two prompts to the first URL, one to the
     // second; with the stop ids, no stop at the model's EOS, and the token-id switches.
-    let sent_a: Vec<Value> = a
-        .seen
-        .lock()
-        .iter()
-        .skip(1)
-        .map(|(_, b)| b.clone())
-        .collect();
-    let sent_b: Vec<Value> = b
-        .seen
-        .lock()
-        .iter()
-        .skip(1)
-        .map(|(_, b)| b.clone())
-        .collect();
+    let (sent_a, sent_b) = (a.completions(), b.completions());
     assert_eq!(sent_a[0]["prompt"], json!([[10, 1], [20]]));
     assert_eq!(sent_b[0]["prompt"], json!([[30, 3, 3]]));
     for body in [&sent_a[0], &sent_b[0]] {

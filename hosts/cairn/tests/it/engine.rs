@@ -27,6 +27,17 @@ fn serve_config(dir: &Path) -> PathBuf {
     write_config(dir, "serve.toml", &tiny_config(&dir.join("serve-run"), 1))
 }
 
+/// `config` with an engine Cairn launches: `cairn serve SERVE --model {model} --bind
+/// 127.0.0.1:{port}`.
+fn with_launched_engine(config: String, serve: &Path) -> String {
+    format!(
+        "{config}\n[rollout.engine]\nkind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \
+         \"{}\", \"--model\", \"{{model}}\", \"--bind\", \"127.0.0.1:{{port}}\"] }}\n",
+        bin(),
+        serve.display()
+    )
+}
+
 /// Cairn launches `cairn serve` on the policy's weights, syncs each new policy version into it
 /// and trains on what it samples: the rows' log-probs are the engine's, and the trainer's
 /// recomputation of the same ids agrees to f32 rounding, so the ids trained are the ids the
@@ -37,13 +48,7 @@ fn training_through_a_launched_cairn_serve_engine() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let serve = serve_config(tmp.path());
-    let text = format!(
-        "{}\n[rollout.engine]\nkind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"{}\", \
-         \"--model\", \"{{model}}\", \"--bind\", \"127.0.0.1:{{port}}\"] }}\n",
-        tiny_config(&run, 3),
-        bin(),
-        serve.display()
-    );
+    let text = with_launched_engine(tiny_config(&run, 3), &serve);
     let cfg = write_config(tmp.path(), "train.toml", &text);
     let out = cairn(&["train", cfg.to_str().unwrap()]);
     let err = stderr(&out);
@@ -223,7 +228,7 @@ fn mismatched_or_missing_engines_are_refused_at_start_up() {
     );
     // A launch command that exits at once: its output is shown.
     let err = with_engine(&format!(
-        "kind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"/nonexistent.toml\",          \"--bind\", \"127.0.0.1:{{port}}\"] }}",
+        "kind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"/nonexistent.toml\", \"--bind\", \"127.0.0.1:{{port}}\"] }}",
         bin()
     ));
     assert!(
@@ -258,12 +263,9 @@ fn async_rollouts_sample_on_while_the_engine_syncs() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let serve = serve_config(tmp.path());
-    let text = format!(
-        "{}\n[rollout.engine]\nkind = \"openai\"\nlaunch = {{ command = [\"{}\", \"serve\", \"{}\", \
-         \"--model\", \"{{model}}\", \"--bind\", \"127.0.0.1:{{port}}\"] }}\n",
+    let text = with_launched_engine(
         tiny_config(&run, 6).replace("max_turns = 6\n", "max_turns = 6\nmax_staleness = 1\n"),
-        bin(),
-        serve.display()
+        &serve,
     );
     let cfg = write_config(tmp.path(), "train.toml", &text);
     let out = cairn(&["train", cfg.to_str().unwrap()]);
