@@ -14,8 +14,16 @@ if [ ! -x "$VIRTUAL_ENV/bin/python" ]; then
     python3 -m venv "$VIRTUAL_ENV"
 fi
 if [ ! -f "$STAMP" ]; then
+    # The wheels are about 1 GB and unpack to 4.6 GB; pip's cache would hold another copy of
+    # them, so it is not used. Check the room first: a full disk fails deep inside pip.
+    free_kb=$(df -Pk "$CAIRN_ROOT" | awk 'NR == 2 { print $4 }')
+    if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
+        echo "setup: $CAIRN_ROOT has $((free_kb / 1024)) MB free; installing torch needs about" \
+            "6 GB (4.6 GB unpacked plus the download). Free some space and rerun" >&2
+        exit 1
+    fi
     echo "setup: installing torch==$TORCH_VERSION and test requirements from PyPI (about 90 s, 4.6 GB)"
-    "$VIRTUAL_ENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS"
+    "$VIRTUAL_ENV/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r "$REQS"
     touch "$STAMP"
 fi
 "$VIRTUAL_ENV/bin/python" - <<PY
