@@ -13,7 +13,7 @@ Writes `kernel/torch/tests/fixtures/smollm2/` (read by kernel/torch/tests/it/smo
 - `tensors.json`:  per tensor of transformers' dequantized state dict (HF names, f32): shape,
                    sum, sum of |x|, sum of squares and sum of x[i]·(i mod 257) over the flat
                    index i (all in f64), and the values at 8 fixed flat indices;
-- `logprobs.json`: f32 per-token log-probs of unpadded sequences (a plain sentence, a chat
+- `logprobs.<class>.json`: (per CPU class) f32 per-token log-probs of unpadded sequences (a plain sentence, a chat
                    reply, a ≥ 512-token text, one at temperature 0.7), a left-padded batch
                    (attention mask and position ids as `generate` builds them), and the same
                    weights cast to bf16 on the short sequences;
@@ -41,6 +41,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -392,8 +393,36 @@ def references(imported: Path) -> dict[str, dict]:
     }
 
 
-def compare(new: dict[str, dict], old_dir: Path) -> None:
-    old = {name: json.loads((old_dir / name).read_text()) for name in new}
+# libtorch's CPU kernels round differently on each CPU class (MKL picks its branch by vendor,
+# ATen its kernels by ISA; kernel/torch/src/cpu.rs), so the log-probs are kept per class.
+PER_CLASS = {"logprobs.json"}
+
+
+def cpu_class() -> str:
+    """This machine's class as `cairn_torch::CpuClass::name` spells it: `intel-avx512`, ..."""
+    info = Path("/proc/cpuinfo").read_text()
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M)
+    flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split())
+    mkl = "intel" if vendor and vendor.group(1) == "GenuineIntel" else "generic"
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        aten = "avx512"
+    elif {"avx2", "fma"} <= flags:
+        aten = "avx2"
+    else:
+        aten = "default"
+    return f"{mkl}-{aten}"
+
+
+def file_name(name: str, cls: str) -> str:
+    """`logprobs.json` -> `logprobs.<class>.json`; the other files are the same on every class."""
+    if name not in PER_CLASS:
+        return name
+    stem, ext = name.rsplit(".", 1)
+    return f"{stem}.{cls}.{ext}"
+
+
+def compare(new: dict[str, dict], old_dir: Path, cls: str) -> None:
+    old = {name: json.loads((old_dir / file_name(name, cls)).read_text()) for name in new}
     worst = max_diff(
         [s["logprobs"] for s in new["logprobs.json"]["single"]] + new["logprobs.json"]["batch"]["logprobs"],
         [s["logprobs"] for s in old["logprobs.json"]["single"]] + old["logprobs.json"]["batch"]["logprobs"],
@@ -414,7 +443,11 @@ def main() -> int:
     parser.add_argument("--imported", type=Path, help="a directory `cairn import gguf` wrote (default: import now)")
     parser.add_argument("--cairn", type=Path, default=ROOT / "target" / "release" / "cairn", help="the cairn binary")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--cpu-class", default=None,
+                        help="the class the per-class files are named for (default: this machine's); "
+                             "set it when MKL is made to take another branch (mkl_intel_branch.sh)")
     args = parser.parse_args()
+    cls = args.cpu_class or cpu_class()
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -433,11 +466,11 @@ def main() -> int:
             import_with_cairn(args.cairn, imported)
         refs = references(imported)
         if args.check:
-            compare(refs, args.out)
+            compare(refs, args.out, cls)
             return 0
     args.out.mkdir(parents=True, exist_ok=True)
     for name, obj in refs.items():
-        (args.out / name).write_text(dumps(obj))
+        (args.out / file_name(name, cls)).write_text(dumps(obj))
     g = refs["greedy.json"]
     print(f"greedy margin {g['min_top2_margin']:.4f}; replies: {[t[:60] for t in g['texts']]}")
     print(f"sdpa vs eager: f32 {refs['logprobs.json']['made_by']['f32_sdpa_vs_eager_max_abs_diff']:.2e}, "

@@ -299,6 +299,8 @@ mod with_torch {
         // Held until the run ends: a second `cairn train` on this directory is refused.
         let lock = run.lock()?;
         eprintln!("run directory: {}", run.root.display());
+        // A seeded CPU run repeats to the bit only on CPUs of the same class (docs/models.md).
+        eprintln!("cpu class: {}", cairn_torch::CpuClass::detect());
         if let Some(pid) = &lock.stale_holder {
             eprintln!(
                 "note: took over the run directory's lock from pid {pid}, which is no longer \

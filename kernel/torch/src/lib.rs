@@ -15,6 +15,7 @@
 //!   `generation_config.json`).
 //! - [`sampling`]: batched generation; [`logprobs`]: response log-probs for score and train.
 //! - [`optim`]: AdamW with clipping and warmup; [`checkpoint`]: full checkpoint directories.
+//! - [`cpu`]: the CPU class (MKL's branch, ATen's capability) a CPU run reproduces on.
 //!
 //! Every test, example and binary that links this crate needs libtorch at run time; the
 //! crate's `build.rs` (logic in `build/link_libtorch.rs`, shared with the host) gives them an
@@ -24,6 +25,7 @@ pub mod backend;
 mod batch;
 pub mod checkpoint;
 pub mod config;
+pub mod cpu;
 pub mod error;
 pub mod export;
 pub mod logprobs;
@@ -34,6 +36,7 @@ pub mod weights;
 
 pub use backend::TorchBackend;
 pub use config::{BackendConfig, DeviceOption, ModelSource};
+pub use cpu::CpuClass;
 pub use error::{Error, Result};
 pub use model::{CausalLm, Dtype, KvCache, ModelConfig};
 /// The tch version this crate is built against, for the host's device and thread set-up.

@@ -28,6 +28,21 @@ fn golden_config(dir: &Path, run: &Path, rollout_extra: &str) -> std::path::Path
     write_config(dir, "golden.toml", &text)
 }
 
+/// The golden file `name` (`metrics`, `eval`) of this machine's CPU class: libtorch rounds
+/// differently on each class (`cairn_torch::CpuClass`), so the old trainer's run was recorded
+/// once per class.
+fn golden(name: &str) -> Vec<serde_json::Value> {
+    let class = cairn_torch::CpuClass::detect();
+    let path = fixture(&format!("{name}.{}.jsonl", class.name()));
+    assert!(
+        path.is_file(),
+        "{}: no golden run for this machine's CPU class {class}; record one as \
+         tests/fixtures/sync-golden/README.md says",
+        path.display()
+    );
+    jsonl(&path)
+}
+
 #[test]
 fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
@@ -36,11 +51,11 @@ fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
     let out = cairn(&["train", cfg.to_str().unwrap()]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
 
-    let golden = jsonl(&fixture("metrics.jsonl"));
+    let recorded = golden("metrics");
     let got = jsonl(&run.join("metrics.jsonl"));
-    assert_eq!(got.len(), golden.len(), "one line per step");
+    assert_eq!(got.len(), recorded.len(), "one line per step");
     let mut compared = 0;
-    for (i, (g, n)) in golden.iter().zip(&got).enumerate() {
+    for (i, (g, n)) in recorded.iter().zip(&got).enumerate() {
         let (g, n) = (g.as_object().unwrap(), n.as_object().unwrap());
         for (key, want) in g {
             if timed(key) {
@@ -66,7 +81,7 @@ fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
         let failed = e.as_object_mut().unwrap().remove("failed");
         assert_eq!(failed, Some(serde_json::json!(0)), "{e}");
     }
-    assert_eq!(evals, jsonl(&fixture("eval.jsonl")), "held-out evaluations");
+    assert_eq!(evals, golden("eval"), "held-out evaluations");
 }
 
 #[test]

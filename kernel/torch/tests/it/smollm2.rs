@@ -47,6 +47,19 @@ fn read_fixture<T: for<'de> Deserialize<'de>>(name: &str) -> T {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// `logprobs.<class>.json`: what transformers computed on this machine's CPU class
+/// ([`cairn_torch::CpuClass`]); libtorch's kernels round differently on each class.
+fn logprobs_fixture() -> Logprobs {
+    let class = cairn_torch::CpuClass::detect();
+    let name = format!("logprobs.{}.json", class.name());
+    assert!(
+        fixtures_dir().join(&name).is_file(),
+        "{name}: no transformers log-probs for this machine's CPU class {class}; record them \
+         as tests/fixtures/smollm2/README.md says"
+    );
+    read_fixture(&name)
+}
+
 /// `tensors.json`: transformers' dequantized state dict, tensor by tensor.
 #[derive(Debug, Deserialize)]
 struct Tensors {
@@ -79,7 +92,7 @@ struct Stats {
     samples: BTreeMap<usize, f32>,
 }
 
-/// `logprobs.json`.
+/// `logprobs.<class>.json`.
 #[derive(Debug, Deserialize)]
 struct Logprobs {
     pad_id: u32,
@@ -342,7 +355,7 @@ fn imported_tensors_equal_transformers_dequantization() {
 
 #[test]
 fn f32_logprobs_match_transformers_including_a_512_token_sequence() {
-    let fixture: Logprobs = read_fixture("logprobs.json");
+    let fixture = logprobs_fixture();
     let longest = fixture
         .single
         .iter()
@@ -367,7 +380,7 @@ fn f32_logprobs_match_transformers_including_a_512_token_sequence() {
 
 #[test]
 fn f32_left_padded_batch_matches_transformers() {
-    let fixture: Logprobs = read_fixture("logprobs.json");
+    let fixture = logprobs_fixture();
     assert_eq!(fixture.pad_id, 2);
     let sequences: Vec<Sequence> = fixture
         .batch
@@ -432,7 +445,7 @@ fn greedy_generation_matches_transformers_for_64_tokens() {
 
 #[test]
 fn bf16_logprobs_are_within_the_bf16_bound() {
-    let fixture: Logprobs = read_fixture("logprobs.json");
+    let fixture = logprobs_fixture();
     let mut backend = model().bf16();
     assert_eq!(backend.policy().dtype(), Dtype::Bf16);
     let mut worst = 0.0f32;
