@@ -54,6 +54,38 @@ pub trait TokenSink: Send {
     /// backend then samples no more for it (its finish reason becomes
     /// [`FinishReason::Aborted`]) and stops the batch once no row is left.
     fn token(&mut self, row: usize, id: u32, logprob: f32, finish: Option<FinishReason>) -> bool;
+
+    /// Continuous batching: requests that join the running batch now, asked before the first
+    /// prefill and then between every two decode steps; `live_rows` rows are still being
+    /// sampled. Rows are numbered in order of arrival: the call's prompts are rows `0..B`,
+    /// then each admission's prompts take the next numbers. An admitted row is sampled with
+    /// the call's temperature, top-p and stop ids, but its own length limit and seed, so its
+    /// ids do not depend on the rows it shares the batch with (up to the rounding of a
+    /// different batch shape). The backend stops asking (and the call returns) once this
+    /// answers nothing while no row is live. The default admits nothing.
+    fn admit(&mut self, live_rows: usize) -> Vec<Admission> {
+        let _ = live_rows;
+        Vec::new()
+    }
+
+    /// An admission whose rows start at `first_row` could not be sampled (an empty prompt, an
+    /// id outside the vocabulary, a prompt past the context window): `message` says which.
+    /// None of its rows gets a token.
+    fn refuse(&mut self, first_row: usize, message: String) {
+        let _ = (first_row, message);
+    }
+}
+
+/// Prompts joining a running generation ([`TokenSink::admit`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    /// One row per prompt, each non-empty.
+    pub prompts: Vec<Vec<u32>>,
+    /// Length limit of these rows, in tokens.
+    pub max_new_tokens: u32,
+    /// Seed of these rows' sampling streams: row `k` of the admission draws from stream `k`,
+    /// as row `k` of a call with `SamplingParams::seed = seed` does.
+    pub seed: u64,
 }
 
 /// A (context, response) pair to score or train on.
@@ -141,32 +173,59 @@ pub trait PolicyBackend: Send {
     ) -> Result<Vec<Generation>>;
 
     /// [`PolicyBackend::generate`], each sampled id handed to `sink` as it is sampled; a row
-    /// the sink refuses stops there (finish reason [`FinishReason::Aborted`]). Stopping rows
-    /// never changes the other rows' samples. The default samples the whole batch first and
-    /// then replays it to the sink (no early stop); backends that decode step by step
-    /// override it.
+    /// the sink refuses stops there (finish reason [`FinishReason::Aborted`]), and the sink's
+    /// admissions ([`TokenSink::admit`]) join the batch; the result holds every row, in row
+    /// order. The default samples each batch whole, replays it to the sink (no early stop)
+    /// and then samples the admissions after it; backends that decode step by step override
+    /// it with continuous batching.
     fn generate_streaming(
         &mut self,
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         sink: &mut dyn TokenSink,
     ) -> Result<Vec<Generation>> {
-        let mut out = self.generate(prompts, params)?;
-        for (row, g) in out.iter_mut().enumerate() {
-            for k in 0..g.ids.len() {
-                let last = k + 1 == g.ids.len();
-                let wanted = sink.token(
-                    row,
-                    g.ids[k],
-                    g.logprobs[k],
-                    last.then_some(g.finish_reason),
-                );
-                if !wanted && !last {
-                    g.ids.truncate(k + 1);
-                    g.logprobs.truncate(k + 1);
-                    g.finish_reason = FinishReason::Aborted;
-                    break;
+        let mut out: Vec<Generation> = Vec::new();
+        // Without a step-by-step decoder, admissions are sampled one after the other.
+        let mut queue = std::collections::VecDeque::from([Admission {
+            prompts: prompts.to_vec(),
+            max_new_tokens: params.max_new_tokens,
+            seed: params.seed,
+        }]);
+        while let Some(batch) = queue.pop_front() {
+            let first = out.len();
+            let call = SamplingParams {
+                max_new_tokens: batch.max_new_tokens,
+                seed: batch.seed,
+                ..params.clone()
+            };
+            let mut generations = match self.generate(&batch.prompts, &call) {
+                Ok(g) => g,
+                Err(e) if first > 0 => {
+                    sink.refuse(first, e.to_string());
+                    vec![Generation::default(); batch.prompts.len()]
                 }
+                Err(e) => return Err(e),
+            };
+            for (row, g) in generations.iter_mut().enumerate() {
+                for k in 0..g.ids.len() {
+                    let last = k + 1 == g.ids.len();
+                    let wanted = sink.token(
+                        first + row,
+                        g.ids[k],
+                        g.logprobs[k],
+                        last.then_some(g.finish_reason),
+                    );
+                    if !wanted && !last {
+                        g.ids.truncate(k + 1);
+                        g.logprobs.truncate(k + 1);
+                        g.finish_reason = FinishReason::Aborted;
+                        break;
+                    }
+                }
+            }
+            out.extend(generations);
+            if queue.is_empty() {
+                queue.extend(sink.admit(0));
             }
         }
         Ok(out)

@@ -235,22 +235,18 @@ impl Core {
         )??;
         // An engine that is gone is taken out of the run; the others must all take the
         // weights (and pass the probe), or the sync fails.
-        let mut loaded = 0;
+        // That holds while it loads and while it is probed: an engine killed between the two
+        // is gone as surely as one killed before.
         for url in self.client.urls() {
             match self.client.load_weights(&url, &dir, version) {
-                Ok(()) => loaded += 1,
+                Ok(()) => self.probe(&url, version, first, &dir)?,
                 Err(e) if !self.client.healthy(&url) => {
                     self.client.mark_down(&url, &e.to_string());
                 }
                 Err(e) => return Err(e),
             }
         }
-        if loaded == 0 {
-            self.client.check_live()?;
-        }
-        for url in self.client.urls() {
-            self.probe(&url, version, first, &dir)?;
-        }
+        self.client.check_live()?;
         self.served.store(version, Ordering::SeqCst);
         self.syncs.fetch_add(1, Ordering::SeqCst);
         tracing::info!(version, "engine weights synced");
@@ -260,7 +256,8 @@ impl Core {
         Ok(())
     }
 
-    /// The probe check of one engine after the sync to `version`.
+    /// The probe check of one engine after the sync to `version`. An engine that no longer
+    /// answers (the request fails and so does `/health`) is taken out of the run instead.
     fn probe(&self, url: &str, version: u64, first: bool, dir: &std::path::Path) -> Result<()> {
         let s = &self.settings;
         let params = SamplingParams {
@@ -270,7 +267,15 @@ impl Core {
             stop_ids: Vec::new(),
             seed: crate::rollout::mix(s.seed, version),
         };
-        let out = self.client.probe(url, &s.probe_prompt, &params)?;
+        let out = match self.client.probe(url, &s.probe_prompt, &params) {
+            Ok(out) => out,
+            // Gone since it took the weights: out of the run, the sync goes on without it.
+            Err(e) if !self.client.healthy(url) => {
+                self.client.mark_down(url, &e.to_string());
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let g = &out.generations[0];
         if let Some(reported) = out.policy_version {
             if reported != version {

@@ -385,8 +385,15 @@ fn sglang_like(offset: f32, skip: Arc<AtomicBool>) -> MockEngine {
 }
 
 fn engine_actor(url: &str, dir: &std::path::Path, policy: &Addr<FakePolicy>) -> Addr<EngineActor> {
-    let client =
-        EngineClient::connect(&config(EngineKind::Sglang), &[url.to_owned()], 100).unwrap();
+    engines_actor(&[url.to_owned()], dir, policy)
+}
+
+fn engines_actor(
+    urls: &[String],
+    dir: &std::path::Path,
+    policy: &Addr<FakePolicy>,
+) -> Addr<EngineActor> {
+    let client = EngineClient::connect(&config(EngineKind::Sglang), urls, 100).unwrap();
     let settings = EngineSettings {
         max_staleness: 0,
         temperature: 1.0,
@@ -454,6 +461,37 @@ fn the_probe_catches_a_sync_that_did_nothing() {
         .filter(|p| *p == "/update_weights_from_disk")
         .count();
     assert_eq!(loads, 3);
+}
+
+/// An engine that dies between taking the weights and its probe (it answers the load, then
+/// neither the probe nor `/health`) is taken out of the run like one dead before the sync:
+/// the sync goes on with the others and the rollouts are served by them.
+#[test]
+fn an_engine_that_dies_during_the_sync_leaves_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let alive = sglang_like(0.0, Arc::new(AtomicBool::new(false)));
+    let dying = MockEngine::start(Arc::new(|_, path, _| match path {
+        "/v1/models" => models(),
+        "/update_weights_from_disk" => (200, json!({"success": true})),
+        _ => (503, json!({"error": {"message": "gone"}})),
+    }));
+    System::new().block_on(async {
+        let policy = FakePolicy {
+            version: Arc::new(AtomicU64::new(0)),
+        }
+        .start();
+        let urls = [dying.url.clone(), alive.url.clone()];
+        let engine = engines_actor(&urls, dir.path(), &policy);
+        let out = engine.send(generate()).await.unwrap().unwrap();
+        assert_eq!(out.policy_version, 0);
+        let stats = engine.send(ReadEngineStats).await.unwrap();
+        assert_eq!((stats.syncs, stats.served_version), (1, Some(0)));
+    });
+    assert!(dying
+        .paths()
+        .contains(&"/update_weights_from_disk".to_string()));
+    assert_eq!(dying.completions().len(), 1, "the probe only");
+    assert_eq!(alive.completions().len(), 2, "the probe and the rollout");
 }
 
 #[test]

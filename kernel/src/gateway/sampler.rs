@@ -1,13 +1,20 @@
-//! [`Sampler`]: batches concurrent gateway requests into few generation calls on the policy
-//! actor, hands each request its tokens as they are sampled, and pauses around weight
-//! updates.
+//! [`Sampler`]: batches concurrent gateway requests into generation passes on the policy
+//! actor (continuous batching), hands each request its tokens as they are sampled, and
+//! pauses around weight updates.
 //!
-//! The backend samples a batch of prompts in one pass, so requests arriving within
-//! `window` of each other (and while a batch is generating) are sampled together: one batch
-//! per distinct (temperature, top-p) pair, up to `max_prompts` prompts, with
-//! `max_new_tokens` the largest asked. A request that fixes its `seed` is sampled in a batch
-//! of its own, so its ids do not depend on its neighbours; the others get a seed derived from
-//! the batch counter.
+//! **Continuous batching.** An idle sampler waits `window` for a burst to gather, then
+//! starts one pass with every queued request that shares the first one's temperature, top-p
+//! and stop ids (its *key*). While that pass runs, a request of the same key does not wait
+//! for it to end: it goes into the pass's inbox, and the backend's decode loop admits it at
+//! its next step ([`TokenSink::admit`]), up to `max_prompts` rows in the batch; rows leave
+//! the batch as they end. A burst of N requests is therefore one pass, not one per request
+//! that arrived during the previous one. A request of another key closes the inbox (the
+//! pass takes no one more, so it drains) and starts the next pass.
+//!
+//! **Seeds.** Every request's rows draw from their own streams: seed `params.seed` when the
+//! request fixes it, else `mix(seed, n)` for the sampler's n-th unseeded request; row `k`
+//! uses stream `k`. So a seeded request's ids do not depend on which requests it shares a
+//! batch with (its log-probs only by the rounding of another batch shape).
 //!
 //! **Tokens as they are sampled.** Each request brings the sending half of its own event
 //! channel ([`events_channel`]): [`SampleEvent::Started`] with the policy version, then one
@@ -18,16 +25,17 @@
 //! rows end, not when the batch does. The channel has room for every event the request can
 //! get, so the policy never waits on a slow client; a request whose receiver is gone (the
 //! client disconnected) is **abandoned**: its rows stop at the next token and the batch ends
-//! early once no row is left. Stopping rows never changes the others' samples.
-//! [`SamplingStats`] counts sampled tokens and abandoned requests (`GET /health`).
+//! early once no row is left. [`SamplingStats`] counts sampled tokens, abandoned requests,
+//! passes and admitted requests (`GET /health`).
 //!
-//! **Weight updates.** [`PauseSampling`] stops launching batches and resolves once the
-//! batches in flight are done (drained); requests arriving meanwhile wait in the queue.
+//! **Weight updates.** [`PauseSampling`] closes the inbox and stops launching passes, and
+//! resolves once the pass in flight is done (drained); requests arriving meanwhile wait in
+//! the queue.
 //! [`ResumeSampling`] launches them. Every answer carries the policy version that sampled it:
-//! each batch runs on one version, since the policy actor handles one message at a time.
+//! each pass runs on one version, since the policy actor handles one message at a time.
 //!
 //! **Shutdown.** [`StopSampling`] answers every queued request, and every later one, with a
-//! 503 ([`shutting_down`]), lets the batches in flight finish and be answered, then stops the
+//! 503 ([`shutting_down`]), lets the pass in flight finish and be answered, then stops the
 //! actor and resolves. Afterwards nothing of the gateway's reaches the policy actor, so the
 //! host can let its thread (and libtorch) go without a generation running under it.
 
@@ -42,7 +50,7 @@ use futures::StreamExt;
 
 use super::api_error::{ApiError, ApiErrorKind};
 use crate::actors::policy::GenerateStream;
-use crate::backend::{Generation, SamplingParams, TokenSink};
+use crate::backend::{Admission, Generation, SamplingParams, TokenSink};
 use crate::rollout::mix;
 
 /// What a request hears while it is sampled, in order: `Started`, then its tokens; or
@@ -81,7 +89,7 @@ pub struct Sample {
     pub prompts: Vec<Vec<u32>>,
     /// `max_new_tokens` is this request's own limit.
     pub params: SamplingParams,
-    /// Keep `params.seed` and sample alone.
+    /// Keep `params.seed`; otherwise the sampler gives the request a seed of its own.
     pub seeded: bool,
     /// Where its events go ([`events_channel`]); dropping the receiver abandons the request.
     pub events: mpsc::Sender<SampleEvent>,
@@ -94,6 +102,11 @@ pub struct SamplingStats {
     pub tokens: AtomicU64,
     /// Requests whose client went away while they were sampled; their rows were stopped.
     pub abandoned: AtomicU64,
+    /// Generation passes started (each a batch that others may join).
+    pub batches: AtomicU64,
+    /// Requests admitted into a batch by its sink: all but each batch's first (continuous
+    /// batching).
+    pub joined: AtomicU64,
 }
 
 impl SamplingStats {
@@ -101,6 +114,8 @@ impl SamplingStats {
         serde_json::json!({
             "tokens_sampled": self.tokens.load(Ordering::Relaxed),
             "requests_abandoned": self.abandoned.load(Ordering::Relaxed),
+            "batches": self.batches.load(Ordering::Relaxed),
+            "requests_joined": self.joined.load(Ordering::Relaxed),
         })
     }
 }
@@ -222,6 +237,35 @@ pub fn shutting_down() -> ApiError {
     .with_code("shutting_down")
 }
 
+/// What requests must share to be sampled in one batch: temperature, top-p, stop ids.
+type BatchKey = (u32, u32, Vec<u32>);
+
+fn batch_key(params: &SamplingParams) -> BatchKey {
+    (
+        params.temperature.to_bits(),
+        params.top_p.to_bits(),
+        params.stop_ids.clone(),
+    )
+}
+
+/// Requests handed to the batch in flight; its sink takes them between decode steps.
+struct Inbox {
+    /// False once the pass takes no later arrival (it is ending, the sampler pauses or stops,
+    /// or a request of another key waits). The sink still admits what is `waiting` until the
+    /// sampler takes it back ([`Sampler::close_inbox`]).
+    open: bool,
+    key: BatchKey,
+    /// Rows per batch at most.
+    max_rows: usize,
+    /// The first batch's other requests, admitted before its prefill even when closed.
+    first: Vec<Sample>,
+    waiting: Vec<Sample>,
+    /// Every admitted request's sender, to report a batch that fails.
+    admitted: Vec<mpsc::Sender<SampleEvent>>,
+}
+
+type SharedInbox = Arc<parking_lot::Mutex<Inbox>>;
+
 /// One request of a batch, as the sink on the policy's thread sees it.
 struct Target {
     events: mpsc::Sender<SampleEvent>,
@@ -233,35 +277,40 @@ struct Target {
 }
 
 /// The [`TokenSink`] of one batch: routes each row's ids to its request, ends rows at their
-/// request's own limit, and stops the rows of abandoned requests.
+/// request's own limit, stops the rows of abandoned requests, and admits the requests that
+/// arrive while it runs (continuous batching).
 struct BatchSink {
     /// Per batch row: (request, row within the request).
     rows: Vec<(usize, usize)>,
     targets: Vec<Target>,
+    inbox: SharedInbox,
+    policy_version: u64,
     stats: Arc<SamplingStats>,
 }
 
 impl BatchSink {
-    fn new(group: &[Sample], stats: Arc<SamplingStats>) -> BatchSink {
-        let mut rows = Vec::new();
-        let targets = group
-            .iter()
-            .enumerate()
-            .map(|(r, s)| {
-                rows.extend((0..s.prompts.len()).map(|k| (r, k)));
-                Target {
-                    events: s.events.clone(),
-                    limit: s.params.max_new_tokens.max(1) as usize,
-                    counts: vec![0; s.prompts.len()],
-                    wanted: true,
-                }
-            })
-            .collect();
-        BatchSink {
-            rows,
-            targets,
+    /// The sink of a batch started with `first`'s rows; the others come through `inbox`.
+    fn new(first: &Sample, inbox: SharedInbox, stats: Arc<SamplingStats>) -> BatchSink {
+        let mut sink = BatchSink {
+            rows: Vec::new(),
+            targets: Vec::new(),
+            inbox,
+            policy_version: 0,
             stats,
-        }
+        };
+        sink.add(first);
+        sink
+    }
+
+    fn add(&mut self, s: &Sample) {
+        let r = self.targets.len();
+        self.rows.extend((0..s.prompts.len()).map(|k| (r, k)));
+        self.targets.push(Target {
+            events: s.events.clone(),
+            limit: s.params.max_new_tokens.max(1) as usize,
+            counts: vec![0; s.prompts.len()],
+            wanted: true,
+        });
     }
 
     fn abandon(target: &mut Target, stats: &SamplingStats) {
@@ -273,6 +322,7 @@ impl BatchSink {
 
 impl TokenSink for BatchSink {
     fn begin(&mut self, policy_version: u64) {
+        self.policy_version = policy_version;
         for t in &mut self.targets {
             if t.events
                 .try_send(SampleEvent::Started { policy_version })
@@ -307,6 +357,60 @@ impl TokenSink for BatchSink {
         }
         finish.is_none()
     }
+
+    fn admit(&mut self, live_rows: usize) -> Vec<Admission> {
+        let shared = self.inbox.clone();
+        let mut inbox = shared.lock();
+        let mut rows = live_rows;
+        let mut joining = Vec::new();
+        let mut taken = std::mem::take(&mut inbox.first);
+        let mut size: usize = rows + taken.iter().map(|s| s.prompts.len()).sum::<usize>();
+        while !inbox.waiting.is_empty() {
+            let more = inbox.waiting[0].prompts.len();
+            // A request larger than a batch still goes, alone.
+            if size > 0 && size + more > inbox.max_rows {
+                break;
+            }
+            size += more;
+            taken.push(inbox.waiting.remove(0));
+        }
+        for mut s in taken {
+            if s.events.is_closed() {
+                continue; // the client went away before sampling started
+            }
+            let started = SampleEvent::Started {
+                policy_version: self.policy_version,
+            };
+            if s.events.try_send(started).is_err() {
+                continue;
+            }
+            rows += s.prompts.len();
+            self.add(&s);
+            inbox.admitted.push(s.events.clone());
+            self.stats.joined.fetch_add(1, Ordering::Relaxed);
+            joining.push(Admission {
+                prompts: s.prompts,
+                max_new_tokens: s.params.max_new_tokens,
+                seed: s.params.seed,
+            });
+        }
+        if rows == 0 {
+            // The batch ends: later requests start the next one.
+            inbox.open = false;
+        }
+        joining
+    }
+
+    fn refuse(&mut self, first_row: usize, message: String) {
+        let Some(&(r, _)) = self.rows.get(first_row) else {
+            return;
+        };
+        let t = &mut self.targets[r];
+        t.wanted = false;
+        let _ = t
+            .events
+            .try_send(SampleEvent::Failed(ApiError::invalid("prompt", message)));
+    }
 }
 
 /// The batching actor; see the module docs. Runs on an async arbiter.
@@ -318,17 +422,20 @@ pub struct Sampler {
     queue: Vec<Sample>,
     scheduled: bool,
     paused: bool,
-    /// [`StopSampling`] came: refuse everything, stop once `in_flight` is 0.
+    /// [`StopSampling`] came: refuse everything, stop once no batch is in flight.
     stopping: bool,
-    in_flight: usize,
+    /// The inbox of the batch in flight.
+    running: Option<SharedInbox>,
     drained: Vec<oneshot::Sender<()>>,
-    batches: u64,
+    /// Unseeded requests so far: the n-th gets seed `mix(seed, n)`.
+    unseeded: u64,
     stats: Arc<SamplingStats>,
 }
 
 impl Sampler {
-    /// `window`: how long the first request of a batch waits for others; `max_prompts`:
-    /// prompts per batch at most; `seed`: where unseeded batches' seeds derive from.
+    /// `window`: how long the first request of an idle sampler waits for others;
+    /// `max_prompts`: rows per batch at most; `seed`: where unseeded requests' seeds derive
+    /// from.
     pub fn new(
         policy: Recipient<GenerateStream>,
         window: Duration,
@@ -344,9 +451,9 @@ impl Sampler {
             scheduled: false,
             paused: false,
             stopping: false,
-            in_flight: 0,
+            running: None,
             drained: Vec::new(),
-            batches: 0,
+            unseeded: 0,
             stats: Arc::default(),
         }
     }
@@ -361,7 +468,7 @@ impl Sampler {
             || self.stopping
             || self.scheduled
             || self.queue.is_empty()
-            || self.in_flight > 0
+            || self.running.is_some()
         {
             return;
         }
@@ -372,67 +479,61 @@ impl Sampler {
         });
     }
 
-    /// Launches every queued request, grouped into batches.
-    fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.paused || self.stopping || self.in_flight > 0 {
-            return;
-        }
-        let mut groups: Vec<Vec<Sample>> = Vec::new();
-        for p in std::mem::take(&mut self.queue) {
-            if p.events.is_closed() {
-                continue; // the client went away before sampling started
-            }
-            let key = (p.params.temperature, p.params.top_p);
-            let size = p.prompts.len();
-            let fits = |g: &Vec<Sample>| {
-                let first = &g[0];
-                !first.seeded
-                    && (first.params.temperature, first.params.top_p) == key
-                    && g.iter().map(|q| q.prompts.len()).sum::<usize>() + size <= self.max_prompts
-            };
-            match groups.iter_mut().find(|g| !p.seeded && fits(g)) {
-                Some(g) => g.push(p),
-                None => groups.push(vec![p]),
-            }
-        }
-        for group in groups {
-            self.launch(group, ctx);
+    /// Closes the running batch's inbox; what it still held goes back to the queue's front.
+    fn close_inbox(&mut self) {
+        if let Some(inbox) = &self.running {
+            let mut inbox = inbox.lock();
+            inbox.open = false;
+            let mut back = std::mem::take(&mut inbox.first);
+            back.append(&mut inbox.waiting);
+            back.append(&mut self.queue);
+            self.queue = back;
         }
     }
 
-    fn launch(&mut self, group: Vec<Sample>, ctx: &mut Context<Self>) {
-        let first = &group[0];
-        let mut params = first.params.clone();
-        if !first.seeded {
-            params.seed = mix(self.seed, self.batches);
+    /// Starts a batch with the first queued request and every queued one that shares its
+    /// key; the others wait for the next batch.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.paused || self.stopping || self.running.is_some() {
+            return;
         }
-        self.batches += 1;
-        params.max_new_tokens = group
-            .iter()
-            .map(|p| p.params.max_new_tokens)
-            .max()
-            .unwrap_or(1);
-        let prompts: Vec<Vec<u32>> = group
-            .iter()
-            .flat_map(|p| p.prompts.iter().cloned())
-            .collect();
-        tracing::debug!(
-            prompts = prompts.len(),
-            requests = group.len(),
-            "sampling batch"
-        );
-        let sink = Box::new(BatchSink::new(&group, self.stats.clone()));
+        self.queue.retain(|p| !p.events.is_closed());
+        if self.queue.is_empty() {
+            return;
+        }
+        let first = self.queue.remove(0);
+        let key = batch_key(&first.params);
+        let (joining, rest): (Vec<Sample>, Vec<Sample>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|p| batch_key(&p.params) == key);
+        self.queue = rest;
+        let inbox = Arc::new(parking_lot::Mutex::new(Inbox {
+            // Fairness: while requests of another key wait, none joins after the first rows.
+            open: self.queue.is_empty(),
+            key,
+            max_rows: self.max_prompts,
+            first: joining,
+            waiting: Vec::new(),
+            admitted: Vec::new(),
+        }));
+        self.launch(first, inbox, ctx);
+    }
+
+    fn launch(&mut self, first: Sample, inbox: SharedInbox, ctx: &mut Context<Self>) {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let sink = Box::new(BatchSink::new(&first, inbox.clone(), self.stats.clone()));
+        tracing::debug!(prompts = first.prompts.len(), "sampling batch");
+        self.running = Some(inbox.clone());
         // Kept to report a failed batch; dropped (closing the channels) once it is answered.
-        let mut senders: Vec<mpsc::Sender<SampleEvent>> =
-            group.into_iter().map(|p| p.events).collect();
-        self.in_flight += 1;
+        let sender = first.events;
         let send = self.policy.send(GenerateStream {
-            prompts,
-            params,
+            prompts: first.prompts,
+            params: first.params,
             sink,
         });
         ctx.spawn(send.into_actor(self).map(move |answer, act, ctx| {
-            act.in_flight -= 1;
+            act.close_inbox();
+            act.running = None;
             let failure = match answer {
                 Ok(Ok(_)) => None,
                 Ok(Err(e)) => Some(ApiError::from(e)),
@@ -447,23 +548,32 @@ impl Sampler {
                     .with_code("shutting_down"),
                 ),
             };
+            let mut senders = std::mem::take(&mut inbox.lock().admitted);
+            senders.push(sender);
             if let Some(e) = failure {
                 for s in &mut senders {
                     let _ = s.try_send(SampleEvent::Failed(e.clone()));
                 }
             }
             drop(senders);
-            if act.in_flight == 0 {
-                for w in act.drained.drain(..) {
-                    let _ = w.send(());
-                }
-                if act.stopping {
-                    ctx.stop();
-                } else {
-                    act.flush(ctx);
-                }
+            for w in act.drained.drain(..) {
+                let _ = w.send(());
+            }
+            if act.stopping {
+                act.refuse_queued();
+                ctx.stop();
+            } else {
+                act.flush(ctx);
             }
         }));
+    }
+
+    fn refuse_queued(&mut self) -> usize {
+        let refused = self.queue.len();
+        for mut p in self.queue.drain(..) {
+            let _ = p.events.try_send(SampleEvent::Failed(shutting_down()));
+        }
+        refused
     }
 }
 
@@ -474,12 +584,26 @@ impl Actor for Sampler {
 impl Handler<Sample> for Sampler {
     type Result = Result<(), ApiError>;
 
-    fn handle(&mut self, request: Sample, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut request: Sample, ctx: &mut Context<Self>) -> Self::Result {
         if self.stopping {
             return Err(shutting_down());
         }
         if request.prompts.is_empty() {
             return Err(ApiError::invalid("prompt", "there is no prompt to sample"));
+        }
+        if !request.seeded {
+            request.params.seed = mix(self.seed, self.unseeded);
+            self.unseeded += 1;
+        }
+        if let Some(inbox) = &self.running {
+            let mut inbox = inbox.lock();
+            if inbox.open && !self.paused && inbox.key == batch_key(&request.params) {
+                // Joins the batch in flight at its next decode step.
+                inbox.waiting.push(request);
+                return Ok(());
+            }
+            // Another key: the pass takes no later arrival, so this request does not wait long.
+            inbox.open = false;
         }
         self.queue.push(request);
         self.schedule(ctx);
@@ -492,8 +616,9 @@ impl Handler<PauseSampling> for Sampler {
 
     fn handle(&mut self, _: PauseSampling, _: &mut Context<Self>) -> Self::Result {
         self.paused = true;
+        self.close_inbox();
         let (tx, rx) = oneshot::channel();
-        if self.in_flight == 0 {
+        if self.running.is_none() {
             let _ = tx.send(());
         } else {
             self.drained.push(tx);
@@ -518,13 +643,15 @@ impl Handler<StopSampling> for Sampler {
 
     fn handle(&mut self, _: StopSampling, ctx: &mut Context<Self>) -> Self::Result {
         self.stopping = true;
-        let refused = self.queue.len();
-        for mut p in self.queue.drain(..) {
-            let _ = p.events.try_send(SampleEvent::Failed(shutting_down()));
-        }
-        tracing::debug!(refused, in_flight = self.in_flight, "sampler stopping");
+        self.close_inbox();
+        let refused = self.refuse_queued();
+        tracing::debug!(
+            refused,
+            in_flight = self.running.is_some(),
+            "sampler stopping"
+        );
         let (tx, rx) = oneshot::channel();
-        if self.in_flight == 0 {
+        if self.running.is_none() {
             let _ = tx.send(());
             ctx.stop();
         } else {
@@ -620,24 +747,42 @@ mod tests {
     fn the_sink_routes_ids_cuts_rows_and_stops_abandoned_requests() {
         let (a_tx, mut a_rx) = events_channel(1, 10);
         let (b_tx, mut b_rx) = events_channel(2, 2);
-        let group = vec![
-            Sample {
-                prompts: vec![vec![1]],
-                params: params(10),
-                seeded: false,
-                events: a_tx,
-            },
-            Sample {
-                prompts: vec![vec![2], vec![3]],
-                params: params(2),
-                seeded: false,
-                events: b_tx,
-            },
-        ];
+        let a = Sample {
+            prompts: vec![vec![1]],
+            params: params(10),
+            seeded: false,
+            events: a_tx,
+        };
+        let mut b = Sample {
+            prompts: vec![vec![2], vec![3]],
+            params: params(2),
+            seeded: true,
+            events: b_tx,
+        };
+        b.params.seed = 31;
+        let inbox = Arc::new(parking_lot::Mutex::new(Inbox {
+            open: true,
+            key: batch_key(&a.params),
+            max_rows: 8,
+            first: vec![b],
+            waiting: Vec::new(),
+            admitted: Vec::new(),
+        }));
         let stats = Arc::new(SamplingStats::default());
-        let mut sink = BatchSink::new(&group, stats.clone());
-        drop(group);
+        let mut sink = BatchSink::new(&a, inbox.clone(), stats.clone());
+        drop(a);
         sink.begin(9);
+        // b is admitted before the prefill, as rows 1 and 2, with its own limit and seed.
+        assert_eq!(
+            sink.admit(1),
+            vec![Admission {
+                prompts: vec![vec![2], vec![3]],
+                max_new_tokens: 2,
+                seed: 31,
+            }]
+        );
+        assert_eq!(inbox.lock().admitted.len(), 1);
+        inbox.lock().admitted.clear();
         // Step 1: every row is wanted.
         assert_eq!(
             [0, 1, 2].map(|row| sink.token(row, 40 + row as u32, -0.5, None)),
@@ -679,17 +824,69 @@ mod tests {
 
     impl Handler<GenerateStream> for SlowPolicy {
         type Result = crate::Result<crate::actors::policy::Generated>;
+        /// Every row gets id 9 after `nap`; admissions are sampled the same way after it.
         fn handle(&mut self, mut msg: GenerateStream, _: &mut SyncContext<Self>) -> Self::Result {
-            std::thread::sleep(self.nap);
             msg.sink.begin(2);
-            for row in 0..msg.prompts.len() {
-                msg.sink.token(row, 9, -1.0, Some(FinishReason::Length));
+            let mut rows = 0..msg.prompts.len();
+            loop {
+                std::thread::sleep(self.nap);
+                for row in rows.clone() {
+                    msg.sink.token(row, 9, -1.0, Some(FinishReason::Length));
+                }
+                let joining: usize = msg.sink.admit(0).iter().map(|a| a.prompts.len()).sum();
+                if joining == 0 {
+                    break;
+                }
+                rows = rows.end..rows.end + joining;
             }
             Ok(crate::actors::policy::Generated {
                 generations: Vec::new(),
                 policy_version: 2,
             })
         }
+    }
+
+    /// Continuous batching: requests of the pass's key that arrive while it runs join it
+    /// (one pass for the burst), a request of another key closes it to later arrivals and
+    /// gets the next pass, and an unseeded request's seed is its own.
+    #[test]
+    fn a_burst_joins_the_pass_in_flight_and_another_key_waits_for_the_next() {
+        actix::System::new().block_on(async {
+            let policy = SyncArbiter::start(1, || SlowPolicy {
+                nap: Duration::from_millis(200),
+            });
+            let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 8, 1);
+            let stats = sampler.stats();
+            let sampler = sampler.start();
+            let first = sample(&sampler, vec![vec![1]], params(1), false);
+            let burst = async {
+                actix::clock::sleep(Duration::from_millis(60)).await;
+                let b = sample(&sampler, vec![vec![2], vec![3]], params(1), false);
+                let c = sample(&sampler, vec![vec![4]], params(1), true);
+                let greedy = SamplingParams {
+                    temperature: 0.0,
+                    ..params(1)
+                };
+                let d = sample(&sampler, vec![vec![5]], greedy, false);
+                let late = async {
+                    actix::clock::sleep(Duration::from_millis(20)).await;
+                    sample(&sampler, vec![vec![6]], params(1), false).await
+                };
+                futures::join!(b, c, d, late)
+            };
+            let (first, (b, c, d, late)) = futures::join!(first, burst);
+            for r in [&first, &b, &c, &d, &late] {
+                let r = r.as_ref().unwrap();
+                assert!(r.generations.iter().all(|g| g.ids == [9]));
+                assert_eq!(r.policy_version, Some(2));
+            }
+            // Pass 1: the first request, then b and c at its next step. d (greedy) closes it
+            // to later arrivals, so the late request waits too; d gets pass 2 and the late
+            // one, of pass 1's key again, pass 3.
+            assert_eq!(stats.joined.load(Ordering::Relaxed), 2);
+            assert_eq!(stats.batches.load(Ordering::Relaxed), 3);
+            assert_eq!(stats.tokens.load(Ordering::Relaxed), 6);
+        });
     }
 
     /// Stopping answers the batch in flight, refuses the queued request and every later one

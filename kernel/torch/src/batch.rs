@@ -30,8 +30,6 @@ pub(crate) struct LeftPadded {
     pub position_ids: Tensor,
     /// `[B, W]` bool, true on real tokens.
     pub valid: Tensor,
-    /// Real length of each row.
-    pub lens: Vec<usize>,
     pub width: usize,
 }
 
@@ -56,7 +54,6 @@ impl LeftPadded {
             input_ids: Tensor::from_slice(&ids).view(shape).to_device(device),
             position_ids: Tensor::from_slice(&pos).view(shape).to_device(device),
             valid: Tensor::from_slice(&valid).view(shape).to_device(device),
-            lens: rows.iter().map(Vec::len).collect(),
             width,
         }
     }

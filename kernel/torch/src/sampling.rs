@@ -4,9 +4,16 @@
 //! Prompts of different lengths are left-padded into one batch (`batch::LeftPadded`), prefilled
 //! in one forward, then decoded one token per step for every row. A row finishes when it
 //! samples one of the stop ids ([`FinishReason::Stop`], stop id kept as its last token) or
-//! reaches `max_new_tokens` ([`FinishReason::Length`], last sampled token kept as is, never
-//! replaced by an EOS). Finished rows keep riding along in the batch until every row is done;
-//! their extra outputs are dropped.
+//! reaches its length limit ([`FinishReason::Length`], last sampled token kept as is, never
+//! replaced by an EOS). In [`generate`], finished rows keep riding along in the batch until
+//! every row is done (their extra outputs are dropped), so a fixed batch samples bit for bit
+//! the same whatever ends when.
+//!
+//! **Continuous batching** ([`generate_with`] with a sink): finished rows leave the batch at
+//! once, and the sink's admissions join it between two decode steps. A joining prompt but its
+//! last token is prefilled on its own and its keys and values are copied into a free row of
+//! the KV cache, ending at the current column; its last token is then fed at the next decode
+//! step, with every other row's (see [`crate::model::KvCache`] for the layout).
 //!
 //! **Reported log-probs.** Each sampled id is reported with `log_softmax(logits / T)` over
 //! the full vocabulary, in f32, *before* top-p truncation; for `T = 0` (greedy, argmax) with
@@ -16,8 +23,9 @@
 //! ids may be drawn.
 //!
 //! **Randomness.** Each row draws one uniform per step from its own ChaCha8 stream (seed =
-//! `SamplingParams::seed`, stream = row index); the draw picks an id by inverse CDF on the
-//! device. Same seed, same prompts → same samples; libtorch's global RNG is never used.
+//! `SamplingParams::seed`, stream = row index; an admitted row: its admission's seed, stream =
+//! its index in the admission); the draw picks an id by inverse CDF on the device. Same seed,
+//! same prompts → same samples; libtorch's global RNG is never used.
 
 use cairn_kernel::backend::{Generation, SamplingParams, TokenSink};
 use cairn_plugin_sdk::FinishReason;
@@ -25,7 +33,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::batch::{check_ids, LeftPadded};
+use crate::batch::LeftPadded;
 use crate::error::{Error, Result};
 use crate::logprobs::logit_temperature;
 use crate::model::{CausalLm, KvCache};
@@ -39,23 +47,35 @@ pub fn generate(
     generate_with(model, prompts, params, None)
 }
 
-/// [`generate`], each sampled id handed to `sink` right after its decode step; a row the sink
-/// refuses samples no more (finish reason [`FinishReason::Aborted`]) but keeps riding along
-/// in the batch like a finished row, so the other rows' samples are those [`generate`] gives.
-/// The loop ends once no row is live.
+/// [`generate`], each sampled id handed to `sink` right after its decode step, with
+/// continuous batching: the sink's admissions ([`TokenSink::admit`]) join the running batch
+/// at the next decode step, and rows that end leave it at once.
+///
+/// A row the sink refuses samples no more (finish reason [`FinishReason::Aborted`]). Finished
+/// rows do not ride along: the batch is kept dense by moving its last row into the place of
+/// one that ended (a copy in the KV cache, no allocation), or an admitted row takes it. So a
+/// row's samples depend on its neighbours only through the rounding of a different batch
+/// shape (libtorch's f32 matrix multiplies take another kernel below 8 rows, and attention
+/// over more masked keys sums in another order): same ids, log-probs equal to ~1e-6. Plain
+/// [`generate`] keeps finished rows riding along, so its samples are bit for bit those of a
+/// fixed batch.
+///
+/// The result holds every row (the prompts', then each admission's), in row order; an
+/// admission the backend refuses (see [`TokenSink::refuse`]) holds empty generations.
+///
+/// # Errors
+/// The call's own prompts or parameters are invalid ([`Error::Input`]), or libtorch fails.
 pub fn generate_with(
     model: &CausalLm,
     prompts: &[Vec<u32>],
     params: &SamplingParams,
-    mut sink: Option<&mut dyn TokenSink>,
+    sink: Option<&mut dyn TokenSink>,
 ) -> Result<Vec<Generation>> {
     let _guard = tch::no_grad_guard();
     let vocab_size = model.config().vocab_size;
     for (i, p) in prompts.iter().enumerate() {
-        if p.is_empty() {
-            return Err(Error::input("generate", format!("prompt {i} is empty")));
-        }
-        check_ids(p, vocab_size, "generate prompt")?;
+        check_prompt(p, vocab_size)
+            .map_err(|e| Error::input("generate", format!("prompt {i} {e}")))?;
     }
     logit_temperature(params.temperature)?;
     if !(params.top_p > 0.0 && params.top_p <= 1.0) {
@@ -64,97 +84,400 @@ pub fn generate_with(
             format!("{} is not in (0, 1]", params.top_p),
         ));
     }
-    let max_new = params.max_new_tokens as usize;
-    let mut out: Vec<Generation> = prompts
+    let mut session = Session::new(model, params, sink);
+    let mut initial: Vec<NewRow> = prompts
         .iter()
-        .map(|_| Generation {
-            finish_reason: FinishReason::Length,
-            ..Generation::default()
-        })
+        .enumerate()
+        .map(|(i, p)| NewRow::new(i, p.clone(), params.seed, i, params.max_new_tokens))
         .collect();
-    if prompts.is_empty() || max_new == 0 {
-        return Ok(out);
+    session.out = prompts.iter().map(|_| unsampled()).collect();
+    if params.max_new_tokens == 0 && session.sink.is_none() {
+        return Ok(session.finish());
     }
-    let device = model.device();
-    let batch = LeftPadded::new(prompts, device);
-    let b = prompts.len() as i64;
-    let width = batch.width as i64;
-    let mut cache = KvCache::new(
-        model.config(),
-        prompts.len(),
-        batch.width + max_new,
-        model.dtype().kind(),
-        device,
-    );
-    // Key validity over the whole cache: prompt padding false, every generated slot true.
-    let key_valid = Tensor::cat(
-        &[
-            &batch.valid,
-            &Tensor::ones([b, max_new as i64], (Kind::Bool, device)),
-        ],
-        1,
-    );
-    let prompt_lens = Tensor::from_slice(&batch.lens.iter().map(|&l| l as i64).collect::<Vec<_>>())
-        .to_device(device);
-    let mut rngs: Vec<ChaCha8Rng> = (0..prompts.len())
-        .map(|i| {
-            let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-            rng.set_stream(i as u64);
-            rng
-        })
-        .collect();
-    let sampler = Sampler::new(params, device);
+    initial.extend(session.ask());
+    session.start(initial)?;
+    session.run()?;
+    Ok(session.finish())
+}
 
-    let hidden = model.hidden_states(
-        &batch.input_ids,
-        &batch.position_ids,
-        &batch.valid,
-        Some(&mut cache),
-    )?;
-    let mut logits = model
-        .logits(&hidden.narrow(1, width - 1, 1).squeeze_dim(1))
-        .to_kind(Kind::Float);
-    let mut live = prompts.len();
-    for step in 0..max_new {
-        let uniforms: Vec<f64> = rngs.iter_mut().map(|r| r.gen::<f64>()).collect();
-        let (ids, logp) = sampler.sample(&logits, &uniforms);
-        let ids_host: Vec<i64> = Vec::try_from(&ids)?;
-        let logp_host: Vec<f32> = Vec::try_from(&logp)?;
-        for (row, g) in out.iter_mut().enumerate() {
-            // Live rows are those still at the initial `Length` below the limit.
-            if g.finish_reason != FinishReason::Length || g.ids.len() == max_new {
+/// A row's output before its first id: ends at its limit unless a stop id comes.
+fn unsampled() -> Generation {
+    Generation {
+        finish_reason: FinishReason::Length,
+        ..Generation::default()
+    }
+}
+
+/// Why a prompt cannot be sampled, for an error message (`"is empty"`, ...).
+fn check_prompt(prompt: &[u32], vocab_size: usize) -> std::result::Result<(), String> {
+    if prompt.is_empty() {
+        return Err("is empty".into());
+    }
+    match prompt.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(id) => Err(format!(
+            "holds token id {id}, outside the vocabulary (size {vocab_size})"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A sequence about to enter the batch.
+struct NewRow {
+    index: usize,
+    prompt: Vec<u32>,
+    rng: ChaCha8Rng,
+    limit: usize,
+}
+
+impl NewRow {
+    fn new(index: usize, prompt: Vec<u32>, seed: u64, stream: usize, limit: u32) -> NewRow {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream as u64);
+        NewRow {
+            index,
+            prompt,
+            rng,
+            limit: limit as usize,
+        }
+    }
+}
+
+/// A sequence in the batch (one row of the KV cache).
+struct Row {
+    /// Index into the output.
+    index: usize,
+    rng: ChaCha8Rng,
+    limit: usize,
+    /// RoPE position of the next input token.
+    pos: i64,
+    /// First cache column it attends (its prompt's first token).
+    start: i64,
+    /// Id fed at the next decode step.
+    next: i64,
+    live: bool,
+}
+
+/// One batched generation: the rows, their KV cache and the logits of their next token.
+struct Session<'a, 's> {
+    model: &'a CausalLm,
+    params: &'a SamplingParams,
+    sink: Option<&'s mut (dyn TokenSink + 's)>,
+    sampler: Sampler,
+    out: Vec<Generation>,
+    rows: Vec<Row>,
+    cache: Option<KvCache>,
+    /// `[capacity, T_max]` bool: column `j` of row `r` is a real key once `j >= start_r`.
+    key_valid: Option<Tensor>,
+    /// `[rows, V]` f32.
+    logits: Option<Tensor>,
+}
+
+impl<'a, 's> Session<'a, 's> {
+    fn new(
+        model: &'a CausalLm,
+        params: &'a SamplingParams,
+        sink: Option<&'s mut (dyn TokenSink + 's)>,
+    ) -> Session<'a, 's> {
+        Session {
+            model,
+            params,
+            sink,
+            sampler: Sampler::new(params, model.device()),
+            out: Vec::new(),
+            rows: Vec::new(),
+            cache: None,
+            key_valid: None,
+            logits: None,
+        }
+    }
+
+    fn finish(self) -> Vec<Generation> {
+        self.out
+    }
+
+    fn live(&self) -> usize {
+        self.rows.iter().filter(|r| r.live).count()
+    }
+
+    /// The sink's admissions, numbered after the rows so far; refused ones are reported and
+    /// keep their (empty) place in the output.
+    fn ask(&mut self) -> Vec<NewRow> {
+        let live = self.live();
+        let Some(sink) = self.sink.as_deref_mut() else {
+            return Vec::new();
+        };
+        let vocab_size = self.model.config().vocab_size;
+        let mut joining = Vec::new();
+        for admission in sink.admit(live) {
+            let first = self.out.len();
+            self.out
+                .extend(admission.prompts.iter().map(|_| unsampled()));
+            let bad = admission
+                .prompts
+                .iter()
+                .enumerate()
+                .find_map(|(k, p)| check_prompt(p, vocab_size).err().map(|e| (k, e)));
+            if let Some((k, e)) = bad {
+                sink.refuse(first, format!("prompt {k} {e}"));
                 continue;
             }
-            let id = ids_host[row] as u32;
+            joining.extend(admission.prompts.into_iter().enumerate().map(|(k, p)| {
+                NewRow::new(first + k, p, admission.seed, k, admission.max_new_tokens)
+            }));
+        }
+        joining
+    }
+
+    /// Prefills the first rows in one left-padded forward.
+    fn start(&mut self, rows: Vec<NewRow>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let device = self.model.device();
+        let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.clone()).collect();
+        let batch = LeftPadded::new(&prompts, device);
+        let longest = rows.iter().map(|r| r.limit).max().unwrap_or(0);
+        let mut cache = KvCache::new(
+            self.model.config(),
+            rows.len(),
+            batch.width + longest,
+            self.model.dtype().kind(),
+            device,
+        );
+        let width = batch.width as i64;
+        let hidden = self.model.hidden_states(
+            &batch.input_ids,
+            &batch.position_ids,
+            &batch.valid,
+            Some(&mut cache),
+        )?;
+        self.logits = Some(
+            self.model
+                .logits(&hidden.narrow(1, width - 1, 1).squeeze_dim(1))
+                .to_kind(Kind::Float),
+        );
+        self.rows = rows
+            .into_iter()
+            .map(|r| Row {
+                index: r.index,
+                rng: r.rng,
+                limit: r.limit,
+                pos: r.prompt.len() as i64,
+                start: width - r.prompt.len() as i64,
+                next: 0,
+                live: r.limit > 0,
+            })
+            .collect();
+        self.cache = Some(cache);
+        self.refresh_key_valid();
+        Ok(())
+    }
+
+    /// Rebuilds `key_valid` from the rows' start columns.
+    fn refresh_key_valid(&mut self) {
+        let Some(cache) = &self.cache else { return };
+        let device = self.model.device();
+        let mut starts: Vec<i64> = self.rows.iter().map(|r| r.start).collect();
+        starts.resize(cache.capacity(), i64::MAX);
+        let columns = Tensor::arange(cache.max_len() as i64, (Kind::Int64, device)).unsqueeze(0);
+        let starts = Tensor::from_slice(&starts).to_device(device).unsqueeze(1);
+        self.key_valid = Some(columns.ge_tensor(&starts));
+    }
+
+    /// Samples every row once, reports the live rows' ids, then admits; returns `false` when
+    /// no row is left.
+    fn step(&mut self) -> Result<bool> {
+        let Some(logits) = &self.logits else {
+            return Ok(false);
+        };
+        // Every row draws every step, live or not, so a row's k-th id uses its k-th draw.
+        let uniforms: Vec<f64> = self.rows.iter_mut().map(|r| r.rng.gen::<f64>()).collect();
+        let (ids, logp) = self.sampler.sample(logits, &uniforms);
+        let ids: Vec<i64> = Vec::try_from(&ids)?;
+        let logp: Vec<f32> = Vec::try_from(&logp)?;
+        for (slot, row) in self.rows.iter_mut().enumerate() {
+            row.next = ids[slot];
+            if !row.live {
+                continue;
+            }
+            let g = &mut self.out[row.index];
+            let id = ids[slot] as u32;
             g.ids.push(id);
-            g.logprobs.push(logp_host[row]);
-            let finish = if params.stop_ids.contains(&id) {
-                g.finish_reason = FinishReason::Stop;
+            g.logprobs.push(logp[slot]);
+            let finish = if self.params.stop_ids.contains(&id) {
                 Some(FinishReason::Stop)
             } else {
-                (g.ids.len() == max_new).then_some(FinishReason::Length)
+                (g.ids.len() >= row.limit).then_some(FinishReason::Length)
             };
-            let wanted = match sink.as_deref_mut() {
-                Some(sink) => sink.token(row, id, logp_host[row], finish),
+            let wanted = match self.sink.as_deref_mut() {
+                Some(sink) => sink.token(row.index, id, logp[slot], finish),
                 None => true,
             };
-            if finish.is_some() {
-                live -= 1;
+            if let Some(reason) = finish {
+                g.finish_reason = reason;
+                row.live = false;
             } else if !wanted {
                 g.finish_reason = FinishReason::Aborted;
-                live -= 1;
+                row.live = false;
             }
         }
-        if live == 0 {
-            break;
+        if self.sink.is_none() {
+            return Ok(self.live() > 0);
         }
-        let input = ids.view([b, 1]);
-        let position = (&prompt_lens + step as i64).view([b, 1]);
-        let valid = key_valid.narrow(1, 0, cache.len() as i64 + 1);
-        let hidden = model.hidden_states(&input, &position, &valid, Some(&mut cache))?;
-        logits = model.logits(&hidden.squeeze_dim(1)).to_kind(Kind::Float);
+        let joining = self.ask();
+        self.retire_and_admit(joining)?;
+        Ok(!self.rows.is_empty())
     }
-    Ok(out)
+
+    /// Continuous batching: drops the rows that ended, packs the batch and prefills the
+    /// joining rows into it, so they feed their prompt's last token at the next decode step.
+    fn retire_and_admit(&mut self, joining: Vec<NewRow>) -> Result<()> {
+        let Some(mut cache) = self.cache.take() else {
+            // Nothing was running (the call had no prompt): the joining rows start it.
+            return self.start(joining);
+        };
+        // Pack: move the last live row into each hole.
+        let mut slot = 0;
+        while slot < self.rows.len() {
+            if self.rows[slot].live {
+                slot += 1;
+                continue;
+            }
+            let last = self.rows.len() - 1;
+            if slot != last {
+                cache.move_row(last, slot);
+            }
+            self.rows.swap_remove(slot);
+        }
+        let live = self.rows.len();
+        let c = cache.len() as i64;
+        // Columns the prefixes (prompt but its last token) take before the current column,
+        // and forwards the rows still need.
+        let prefix = joining
+            .iter()
+            .map(|r| r.prompt.len() as i64 - 1)
+            .max()
+            .unwrap_or(0);
+        let need = self
+            .rows
+            .iter()
+            .map(|r| (r.limit - self.out[r.index].ids.len()) as i64)
+            .chain(joining.iter().map(|r| r.limit as i64))
+            .max()
+            .unwrap_or(0);
+        let rows = live + joining.len();
+        if prefix > c || c + need > cache.max_len() as i64 || rows > cache.capacity() {
+            // Drop the columns no row attends, make room for the prefixes in front and for
+            // twice the longest need behind, and double the rows when they do not fit.
+            let drop = self.rows.iter().map(|r| r.start).min().unwrap_or(c).min(c);
+            let kept = c - drop;
+            let front = (prefix - kept).max(0);
+            let capacity = if rows > cache.capacity() {
+                rows.max(2 * cache.capacity())
+            } else {
+                cache.capacity()
+            };
+            let max_len = front + kept + 2 * need.max(1);
+            cache.relayout(capacity, max_len as usize, drop as usize, front as usize)?;
+            for r in &mut self.rows {
+                r.start += front - drop;
+            }
+        }
+        let c = cache.len() as i64;
+        if !joining.is_empty() {
+            let device = self.model.device();
+            let prefixes: Vec<Vec<u32>> = joining
+                .iter()
+                .map(|r| r.prompt[..r.prompt.len() - 1].to_vec())
+                .collect();
+            let slots: Vec<usize> = (live..rows).collect();
+            if prefix > 0 {
+                let batch = LeftPadded::new(&prefixes, device);
+                let mut scratch = KvCache::new(
+                    self.model.config(),
+                    joining.len(),
+                    batch.width,
+                    self.model.dtype().kind(),
+                    device,
+                );
+                // Only the keys and values are kept: the logits come at the next decode step.
+                let _ = self.model.hidden_states(
+                    &batch.input_ids,
+                    &batch.position_ids,
+                    &batch.valid,
+                    Some(&mut scratch),
+                )?;
+                cache.write_rows(&slots, &scratch)?;
+            }
+            for r in joining {
+                let n = r.prompt.len() as i64;
+                self.rows.push(Row {
+                    index: r.index,
+                    rng: r.rng,
+                    limit: r.limit,
+                    pos: n - 1,
+                    start: c - (n - 1),
+                    next: i64::from(r.prompt[r.prompt.len() - 1]),
+                    live: r.limit > 0,
+                });
+            }
+        }
+        cache.set_rows(self.rows.len())?;
+        self.cache = Some(cache);
+        self.refresh_key_valid();
+        Ok(())
+    }
+
+    /// One decode step for every row: feeds each row's next id, keeps the next logits.
+    fn decode(&mut self) -> Result<()> {
+        let (Some(cache), Some(key_valid)) = (self.cache.as_mut(), self.key_valid.as_ref()) else {
+            return Ok(());
+        };
+        let device = self.model.device();
+        let n = self.rows.len() as i64;
+        let input = Tensor::from_slice(&self.rows.iter().map(|r| r.next).collect::<Vec<_>>())
+            .to_device(device)
+            .view([n, 1]);
+        let position = Tensor::from_slice(&self.rows.iter().map(|r| r.pos).collect::<Vec<_>>())
+            .to_device(device)
+            .view([n, 1]);
+        let valid = key_valid
+            .narrow(0, 0, n)
+            .narrow(1, 0, cache.len() as i64 + 1);
+        let hidden = self
+            .model
+            .hidden_states(&input, &position, &valid, Some(cache))?;
+        self.logits = Some(
+            self.model
+                .logits(&hidden.squeeze_dim(1))
+                .to_kind(Kind::Float),
+        );
+        for r in &mut self.rows {
+            r.pos += 1;
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<()> {
+        loop {
+            if self.logits.is_none() {
+                // The call had no prompt: wait for none, the sink admits before every step.
+                let joining = self.ask();
+                if joining.is_empty() {
+                    return Ok(());
+                }
+                self.start(joining)?;
+                continue;
+            }
+            if !self.step()? {
+                return Ok(());
+            }
+            if self.rows.iter().all(|r| !r.live) {
+                return Ok(());
+            }
+            self.decode()?;
+        }
+    }
 }
 
 /// Picks the next id of every row from f32 logits `[B, V]`.

@@ -10,7 +10,7 @@ use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::linear::Linear;
 use super::rms_norm::RmsNorm;
-use super::rotary::apply_rotary;
+use super::rotary::{apply_rotary, RopeTables};
 
 /// One layer's attention block.
 #[derive(Debug)]
@@ -93,6 +93,61 @@ impl Attention {
             false,
             self.scale,
             false,
+        );
+        let out = out
+            .transpose(1, 2)
+            .reshape([b, t, self.num_heads * self.head_dim]);
+        self.o_proj.forward(&out)
+    }
+
+    /// [`Attention::forward`] for inference (no grad), with the same values bit for bit:
+    ///
+    /// - RoPE from tables shaped once per forward ([`RopeTables`]);
+    /// - grouped-query attention by SDPA's `enable_gqa`, which reads each key/value head in
+    ///   place for its `H / H_kv` query heads instead of copying the cache `H / H_kv` times
+    ///   per layer and step (`repeat_kv`);
+    /// - `mask` additive, `[B, 1, T, S]` in the model's dtype (0 or −∞), made once per forward
+    ///   instead of SDPA converting the boolean mask in every layer.
+    ///
+    /// Training keeps [`Attention::forward`]: SDPA's backward with `enable_gqa` sums the key
+    /// and value gradients of a group in another order. `tests/it/model.rs` checks the
+    /// equality on whole models, with and without a cache.
+    pub fn forward_no_grad(
+        &self,
+        xs: &Tensor,
+        rope: &RopeTables,
+        mask: &Tensor,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let (b, t) = (xs.size()[0], xs.size()[1]);
+        let heads = |proj: &Linear, n: i64, norm: Option<&RmsNorm>| {
+            let x = proj.forward(xs).view([b, t, n, self.head_dim]);
+            let x = match norm {
+                Some(norm) => norm.forward_no_grad(&x),
+                None => x,
+            };
+            x.transpose(1, 2)
+        };
+        let q = rope.apply(&heads(&self.q_proj, self.num_heads, self.q_norm.as_ref()));
+        let k = rope.apply(&heads(
+            &self.k_proj,
+            self.num_kv_heads,
+            self.k_norm.as_ref(),
+        ));
+        let v = heads(&self.v_proj, self.num_kv_heads, None);
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, &k, &v),
+            None => (k, v),
+        };
+        let out = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            Some(mask),
+            0.0,
+            false,
+            self.scale,
+            self.num_heads != self.num_kv_heads,
         );
         let out = out
             .transpose(1, 2)

@@ -24,7 +24,7 @@ use super::linear::Linear;
 use super::mask::attention_mask;
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
-use super::rotary::RotaryEmbedding;
+use super::rotary::{RopeTables, RotaryEmbedding};
 use crate::error::{Error, Result};
 
 /// One transformer block, `model.layers.{i}`.
@@ -71,6 +71,30 @@ impl DecoderLayer {
             .mlp
             .forward(&self.post_attention_layernorm.forward(&xs));
         xs + mlp
+    }
+
+    /// [`DecoderLayer::forward`] for inference, bit for bit: each block's `forward_no_grad`,
+    /// and the residual sums formed in place (`a + b` rounds as `b + a`).
+    fn forward_no_grad(
+        &self,
+        xs: &Tensor,
+        rope: &RopeTables,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let _span = tracing::trace_span!("decoder_layer", layer = self.index).entered();
+        let mut h = self.self_attn.forward_no_grad(
+            &self.input_layernorm.forward_no_grad(xs),
+            rope,
+            mask,
+            cache.map(|c| (c, self.index)),
+        );
+        let _ = h.g_add_(xs);
+        let mut out = self
+            .mlp
+            .forward_no_grad(&self.post_attention_layernorm.forward_no_grad(&h));
+        let _ = out.g_add_(&h);
+        out
     }
 }
 
@@ -209,13 +233,26 @@ impl CausalLm {
         let mut xs = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = self.rotary.cos_sin(position_ids, kind);
         let mask = attention_mask(key_valid, t, offset);
-        for layer in &self.layers {
-            xs = layer.forward(&xs, &cos, &sin, &mask, cache.as_deref_mut());
-        }
+        let hidden = if grad_enabled() {
+            for layer in &self.layers {
+                xs = layer.forward(&xs, &cos, &sin, &mask, cache.as_deref_mut());
+            }
+            self.norm.forward(&xs)
+        } else {
+            // Inference (sampling, scoring, the gateway): the same values, bit for bit, from
+            // fewer kernels; see `Attention::forward_no_grad`.
+            let rope = RopeTables::new(&cos, &sin);
+            let additive = Tensor::zeros(mask.size(), (kind, mask.device()))
+                .masked_fill(&mask.logical_not(), f64::NEG_INFINITY);
+            for layer in &self.layers {
+                xs = layer.forward_no_grad(&xs, &rope, &additive, cache.as_deref_mut());
+            }
+            self.norm.forward_no_grad(&xs)
+        };
         if let Some(cache) = cache {
             cache.advance(t);
         }
-        Ok(self.norm.forward(&xs))
+        Ok(hidden)
     }
 
     /// Logits `[.., V]` in the model's dtype for hidden states `[.., hidden]`.
@@ -247,5 +284,17 @@ impl CausalLm {
         let pos = Tensor::arange(t, (Kind::Int64, device)).unsqueeze(0);
         let valid = Tensor::ones([1, t], (Kind::Bool, device));
         self.forward(&input, &pos, &valid, None)
+    }
+}
+
+/// Whether libtorch records operations for autograd on this thread (`torch.is_grad_enabled()`).
+/// tch only exposes the setter, which returns the previous mode; it is put straight back.
+fn grad_enabled() -> bool {
+    // SAFETY: `at_grad_set_enabled` sets this thread's grad mode and returns the previous one;
+    // the second call restores it, so no state changes. Neither call can fail.
+    unsafe {
+        let previous = torch_sys::at_grad_set_enabled(1);
+        torch_sys::at_grad_set_enabled(previous);
+        previous != 0
     }
 }

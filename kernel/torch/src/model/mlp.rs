@@ -29,4 +29,13 @@ impl Mlp {
         let gate = self.gate_proj.forward(xs).silu();
         self.down_proj.forward(&(gate * self.up_proj.forward(xs)))
     }
+
+    /// [`Mlp::forward`] with `silu` and the product in place: the same values bit for bit,
+    /// two fewer allocations; inference only.
+    pub fn forward_no_grad(&self, xs: &Tensor) -> Tensor {
+        let mut gate = self.gate_proj.forward(xs);
+        let _ = gate.silu_();
+        let _ = gate.g_mul_(&self.up_proj.forward(xs));
+        self.down_proj.forward(&gate)
+    }
 }

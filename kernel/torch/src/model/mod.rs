@@ -4,7 +4,11 @@
 //! [`rms_norm`], [`rotary`] (RoPE), [`mask`] (padding-aware causal masks), [`attention`]
 //! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights) and [`decoder`]
 //! ([`CausalLm`], the model). Numerics follow transformers op for op, so log-probs match
-//! `AutoModelForCausalLM` to float tolerance. Callers: [`crate::backend::TorchBackend`], and
+//! `AutoModelForCausalLM` to float tolerance. Without grad (sampling, scoring, the gateway)
+//! [`CausalLm::hidden_states`] takes a leaner path: RoPE tables shaped once, SDPA's own GQA
+//! instead of copying K/V per layer, an additive mask made once, fused RMSNorm and in-place
+//! elementwise ops. Its values equal the training path's bit for bit (a test checks every
+//! layout in f32 and bf16), so rollout log-probs stay those the trainer recomputes. Callers: [`crate::backend::TorchBackend`], and
 //! tests that need a bare forward.
 
 pub mod attention;

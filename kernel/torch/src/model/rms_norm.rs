@@ -30,12 +30,42 @@ impl RmsNorm {
         let x = x * (variance + self.eps).rsqrt();
         &self.weight * x.to_kind(dtype)
     }
+
+    /// [`RmsNorm::forward`] with libtorch's fused `rms_norm` (two kernels instead of seven),
+    /// inference only: under no grad its values equal `forward`'s bit for bit in f32 and bf16
+    /// (the test below), but its backward rounds differently, so training keeps `forward`.
+    pub fn forward_no_grad(&self, xs: &Tensor) -> Tensor {
+        let dtype = xs.kind();
+        let d = xs.size()[xs.dim() - 1];
+        let mut x = xs
+            .to_kind(Kind::Float)
+            .rms_norm([d], None::<Tensor>, self.eps)
+            .to_kind(dtype);
+        let _ = x.g_mul_(&self.weight);
+        x
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use tch::Device;
+
+    #[test]
+    fn the_fused_norm_equals_the_op_by_op_norm_bit_for_bit() {
+        let _guard = tch::no_grad_guard();
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let mut vs = nn::VarStore::new(Device::Cpu);
+            let norm = RmsNorm::new(vs.root(), 64, 1e-6);
+            vs.set_kind(kind);
+            let mut weight = norm.weight.shallow_clone();
+            weight.copy_(&(Tensor::randn([64], (Kind::Float, Device::Cpu)) + 1.0));
+            let x = (Tensor::randn([3, 5, 64], (Kind::Float, Device::Cpu)) * 7.0).to_kind(kind);
+            let (want, got) = (norm.forward(&x), norm.forward_no_grad(&x));
+            assert_eq!(got.kind(), kind);
+            assert!(got.equal(&want), "{kind:?}");
+        }
+    }
 
     #[test]
     fn normalises_rows_to_unit_rms() {

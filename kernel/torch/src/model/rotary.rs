@@ -58,6 +58,40 @@ pub fn apply_rotary(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     xs * cos + rotate_half(xs) * sin
 }
 
+/// The RoPE tables of one no-grad forward, shaped once for every layer.
+///
+/// `rotate_half(x)·sin` equals `roll(x, D/2)·sin±` with `sin± = [-sin₁, sin₂]`, bit for bit
+/// (negating a factor or the product rounds the same), so [`RopeTables::apply`] gives
+/// [`apply_rotary`]'s values in four kernels instead of seven (no `narrow`, `neg`, `cat`).
+#[derive(Debug)]
+pub struct RopeTables {
+    /// `[B, 1, T, D]`.
+    cos: Tensor,
+    /// `[B, 1, T, D]`: `[-sin[..D/2], sin[D/2..]]`.
+    sin_signed: Tensor,
+    half: i64,
+}
+
+impl RopeTables {
+    /// From `cos`/`sin` `[B, T, D]` as [`RotaryEmbedding::cos_sin`] gives them.
+    pub fn new(cos: &Tensor, sin: &Tensor) -> RopeTables {
+        let half = sin.size()[2] / 2;
+        let sin_signed = Tensor::cat(&[-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)], -1);
+        RopeTables {
+            cos: cos.unsqueeze(1),
+            sin_signed: sin_signed.unsqueeze(1),
+            half,
+        }
+    }
+
+    /// [`apply_rotary`] for `xs` `[B, H, T, D]`, inference only (the sum is formed in place).
+    pub fn apply(&self, xs: &Tensor) -> Tensor {
+        let mut out = xs * &self.cos;
+        let _ = out.g_add_(&(xs.roll([self.half], [-1]) * &self.sin_signed));
+        out
+    }
+}
+
 /// `[x1, x2]` → `[-x2, x1]` over the last dimension.
 fn rotate_half(xs: &Tensor) -> Tensor {
     let half = xs.size()[xs.dim() - 1] / 2;
@@ -122,6 +156,20 @@ mod tests {
         assert!(d0 < 1e-7);
         let dn = (y.norm() - x.norm()).abs().double_value(&[]);
         assert!(dn < 1e-4);
+    }
+
+    #[test]
+    fn the_tables_rotate_bit_for_bit_as_rotate_half_does() {
+        let config = ModelConfig::qwen3(16, 32, 64, 1, 4, 2);
+        let rope = RotaryEmbedding::new(&config, Device::Cpu);
+        let pos = Tensor::from_slice(&[0i64, 5, 9, 3, 4, 100]).view([2, 3]);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let x = Tensor::randn([2, 4, 3, 8], (Kind::Float, Device::Cpu)).to_kind(kind);
+            let (cos, sin) = rope.cos_sin(&pos, kind);
+            let want = apply_rotary(&x, &cos, &sin);
+            let got = RopeTables::new(&cos, &sin).apply(&x);
+            assert!(got.equal(&want), "{kind:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Batched sampling: greedy, seeded sampling, stop ids, length limits and reported log-probs.
 
-use cairn_kernel::backend::{Generation, PolicyBackend, SamplingParams, Sequence, Weights};
+use cairn_kernel::backend::{
+    Admission, Generation, PolicyBackend, SamplingParams, Sequence, Weights,
+};
 use cairn_plugin_sdk::FinishReason;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -239,7 +241,8 @@ impl cairn_kernel::backend::TokenSink for Recorder {
 
 /// `generate_streaming` hands each id over as it is sampled, with its log-prob and, on the
 /// last, the finish reason; the ids are those `generate` samples. A row the sink refuses stops
-/// there (finish `Aborted`) and the other rows' samples do not change.
+/// there (finish `Aborted`) and leaves the batch; the other rows' ids do not change, and their
+/// log-probs only by the rounding of a smaller batch.
 #[test]
 fn streaming_generation_hands_over_each_id_and_stops_refused_rows() {
     let mut backend = backend(11);
@@ -261,8 +264,156 @@ fn streaming_generation_hands_over_each_id_and_stops_refused_rows() {
             assert_eq!(s.finish_reason, FinishReason::Aborted);
             assert_eq!(seen[2].2, None);
         } else {
-            assert_eq!(s, w, "row {row} is sampled as without the sink");
+            assert_eq!(s.ids, w.ids, "row {row} is sampled as without the sink");
+            assert_eq!(s.finish_reason, w.finish_reason);
+            assert!(max_abs_diff(&s.logprobs, &w.logprobs) < 1e-5, "row {row}");
             assert_eq!(seen.last().unwrap().2, Some(FinishReason::Length));
         }
     }
+}
+
+/// A sink that admits requests at chosen decode steps and records every row's tokens.
+struct Joiner {
+    /// (admit at the n-th `admit` call, the admission).
+    plan: Vec<(usize, Admission)>,
+    calls: usize,
+    live_seen: Vec<usize>,
+    seen: Vec<Vec<(u32, f32)>>,
+    refused: Vec<(usize, String)>,
+}
+
+impl Joiner {
+    fn new(plan: Vec<(usize, Admission)>) -> Joiner {
+        Joiner {
+            plan,
+            calls: 0,
+            live_seen: Vec::new(),
+            seen: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+}
+
+impl cairn_kernel::backend::TokenSink for Joiner {
+    fn begin(&mut self, _: u64) {}
+
+    fn token(&mut self, row: usize, id: u32, logprob: f32, _: Option<FinishReason>) -> bool {
+        self.seen.resize(self.seen.len().max(row + 1), Vec::new());
+        self.seen[row].push((id, logprob));
+        true
+    }
+
+    fn admit(&mut self, live_rows: usize) -> Vec<Admission> {
+        let call = self.calls;
+        self.calls += 1;
+        self.live_seen.push(live_rows);
+        let (now, later) = std::mem::take(&mut self.plan)
+            .into_iter()
+            .partition(|(at, _)| *at == call);
+        self.plan = later;
+        now.into_iter().map(|(_, a)| a).collect()
+    }
+
+    fn refuse(&mut self, first_row: usize, message: String) {
+        self.refused.push((first_row, message));
+    }
+}
+
+fn admission(prompts: Vec<Vec<u32>>, max_new_tokens: u32, seed: u64) -> Admission {
+    Admission {
+        prompts,
+        max_new_tokens,
+        seed,
+    }
+}
+
+/// Continuous batching: requests admitted at different decode steps, with prompts longer than
+/// the running batch's columns and limits past its cache (so the cache is laid out anew and
+/// grows rows), get the ids they get alone with the same seed, and log-probs equal up to the
+/// rounding of another batch shape; rows that end leave the batch at once.
+#[test]
+fn admitted_rows_do_not_depend_on_what_they_are_batched_with() {
+    let mut backend = backend(11);
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let short: Vec<Vec<u32>> = [2, 3].iter().map(|&n| random_ids(&mut rng, n)).collect();
+    let long: Vec<Vec<u32>> = [14, 9].iter().map(|&n| random_ids(&mut rng, n)).collect();
+    let single = vec![random_ids(&mut rng, 1)];
+    let others: Vec<Vec<u32>> = [4, 6, 5].iter().map(|&n| random_ids(&mut rng, n)).collect();
+    let p = params(1.0, 4, vec![], 42);
+    let plan = vec![
+        (0, admission(others.clone(), 3, 5)),
+        (2, admission(long.clone(), 12, 77)),
+        (2, admission(single.clone(), 2, 3)),
+        (6, admission(others[..1].to_vec(), 20, 9)),
+    ];
+    let mut sink = Joiner::new(plan);
+    let out = backend.generate_streaming(&short, &p, &mut sink).unwrap();
+    assert_eq!(out.len(), 2 + 3 + 2 + 1 + 1);
+    let alone = |prompts: &[Vec<u32>], limit: u32, seed: u64| {
+        let mut b = crate::common::backend(11);
+        b.generate(prompts, &params(1.0, limit, vec![], seed))
+            .unwrap()
+    };
+    let expected: Vec<Generation> = [
+        alone(&short, 4, 42),
+        alone(&others, 3, 5),
+        alone(&long, 12, 77),
+        alone(&single, 2, 3),
+        alone(&others[..1], 20, 9),
+    ]
+    .concat();
+    for (row, (got, want)) in out.iter().zip(&expected).enumerate() {
+        assert_eq!(got.ids, want.ids, "row {row}");
+        assert_eq!(
+            got.ids.len(),
+            [4, 4, 3, 3, 3, 12, 12, 2, 20][row],
+            "row {row}"
+        );
+        assert_eq!(got.finish_reason, FinishReason::Length, "row {row}");
+        let diff = max_abs_diff(&got.logprobs, &want.logprobs);
+        assert!(diff < 1e-5, "row {row}: log-probs differ by {diff}");
+        let seen: Vec<u32> = sink.seen[row].iter().map(|t| t.0).collect();
+        assert_eq!(seen, got.ids, "row {row} streamed");
+    }
+    // Asked before the first prefill with 0 live rows, then after every step; the short rows
+    // (limit 4) and the first admission (limit 3) end before the last one joins.
+    assert_eq!(sink.live_seen[0], 0);
+    assert_eq!(sink.live_seen[6], 2, "{:?}", sink.live_seen);
+    assert_eq!(*sink.live_seen.last().unwrap(), 0);
+    assert!(sink.refused.is_empty());
+}
+
+/// An admission that cannot be sampled is refused on its own, by its first row; the batch
+/// goes on and later rows keep their numbers.
+#[test]
+fn a_bad_admission_is_refused_and_the_batch_goes_on() {
+    let mut backend = backend(11);
+    let vocab = backend.policy().config().vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let first = vec![random_ids(&mut rng, 3)];
+    let good = vec![random_ids(&mut rng, 4)];
+    let plan = vec![
+        (1, admission(vec![vec![1], vec![vocab + 3]], 2, 1)),
+        (1, admission(vec![vec![]], 2, 1)),
+        (1, admission(good.clone(), 2, 1)),
+    ];
+    let mut sink = Joiner::new(plan);
+    let out = backend
+        .generate_streaming(&first, &params(1.0, 3, vec![], 0), &mut sink)
+        .unwrap();
+    assert_eq!(out.len(), 5);
+    assert_eq!(sink.refused.len(), 2, "{:?}", sink.refused);
+    assert_eq!(sink.refused[0].0, 1);
+    assert!(
+        sink.refused[0]
+            .1
+            .contains(&format!("prompt 1 holds token id {}", vocab + 3)),
+        "{}",
+        sink.refused[0].1
+    );
+    assert_eq!(sink.refused[1], (3, "prompt 0 is empty".to_string()));
+    assert!(out[1].ids.is_empty() && out[2].ids.is_empty() && out[3].ids.is_empty());
+    let want = backend.generate(&good, &params(1.0, 2, vec![], 1)).unwrap();
+    assert_eq!(out[4].ids, want[0].ids);
+    assert_eq!(out[0].ids.len(), 3);
 }
