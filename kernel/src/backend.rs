@@ -57,7 +57,7 @@ pub trait TokenSink: Send {
 
     /// Continuous batching: requests that join the running batch now, asked before the first
     /// prefill and then between every two decode steps; `live_rows` rows are still being
-    /// sampled. Rows are numbered in order of arrival: the call's prompts are rows `0..B`,
+    /// sampled (before the first prefill: the call's own prompts). Rows are numbered in order of arrival: the call's prompts are rows `0..B`,
     /// then each admission's prompts take the next numbers. An admitted row is sampled with
     /// the call's temperature, top-p and stop ids, but its own length limit and seed, so its
     /// ids do not depend on the rows it shares the batch with (up to the rounding of a

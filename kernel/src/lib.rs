@@ -17,6 +17,7 @@ pub mod loss;
 pub mod objective;
 pub mod plugins;
 pub mod pool;
+pub mod retry;
 pub mod rollout;
 pub mod run;
 pub mod skills;

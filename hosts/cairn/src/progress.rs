@@ -46,15 +46,9 @@ impl Progress {
                 }
             }
             Event::Step(_) => {}
-            Event::Eval { label, report } => self.println(&format!(
-                "eval {label}: held-out success {}/{} = {:.1}% (policy version {}, seed {}, temperature {})",
-                report.successes,
-                report.tasks,
-                report.success_rate * 100.0,
-                report.policy_version,
-                report.seed,
-                report.temperature
-            )),
+            Event::Eval { label, report } => {
+                self.println(&format!("eval {label}: {}", report.summary()))
+            }
             Event::Note(text) => self.println(&text),
         }
     }

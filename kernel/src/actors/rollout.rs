@@ -550,6 +550,36 @@ pub struct EvalReport {
     pub seeds: Vec<(u64, u64)>,
 }
 
+impl EvalReport {
+    /// The report in one line, as `cairn train` and `cairn eval` print it: successes over
+    /// tasks, then the episodes an environment fault cut (counted as failures), when any were.
+    pub fn summary(&self) -> String {
+        let mut line = format!(
+            "held-out success {}/{} = {:.1}% (policy version {}, seed {}, temperature {})",
+            self.successes,
+            self.tasks,
+            self.success_rate * 100.0,
+            self.policy_version,
+            self.seed,
+            self.temperature
+        );
+        line.push_str(&self.faults_note());
+        line
+    }
+
+    /// `"; N of M episodes cut by an environment fault ..."`, or nothing when none was.
+    pub fn faults_note(&self) -> String {
+        match self.failed {
+            0 => String::new(),
+            n => format!(
+                "; {n} of {} episodes cut by an environment fault, counted as failures (their \
+                 reasons are in the data pool: `cairn pool`)",
+                self.tasks
+            ),
+        }
+    }
+}
+
 impl Handler<Evaluate> for RolloutActor {
     type Result = Result<EvalReport>;
     fn handle(&mut self, msg: Evaluate, _: &mut Self::Context) -> Self::Result {
@@ -608,7 +638,11 @@ impl Handler<Evaluate> for RolloutActor {
             }
         }
         per_kind.sort();
-        let version = rollouts.rows.first().map(|r| r.policy_version).unwrap_or(0);
+        // The version that played: a row's, or (every episode cut by a fault) the policy's.
+        let version = match rollouts.rows.first().or(rollouts.failed_rows.first()) {
+            Some(r) => r.policy_version,
+            None => call(&self.links.version, PolicyVersion)?,
+        };
         Ok(EvalReport {
             tasks: n,
             successes,

@@ -16,8 +16,9 @@
 //! depend on the URL count and the limit but not on timing.
 //!
 //! **Failures.** A transport error, a timeout, or HTTP 408, 429 or 5xx is retried up to
-//! `retries` times, each time on the next URL, waiting 0.5 s and doubling. The last failure
-//! is an [`Error::Engine`] naming the URL; the rollout fails the turn's episodes with it
+//! `retries` times ([`crate::retry::with_retries`]), each time on the next URL still in the
+//! run, waiting 0.5 s and doubling (at most 30 s). The last failure is an [`Error::Engine`]
+//! naming the URL; the rollout fails the turn's episodes with it
 //! (kind `engine`) and the run goes on. Other HTTP errors and malformed answers are not
 //! retried. A URL that refuses or drops the connection is taken out of the run (a warning
 //! says so): later turns and weight syncs use the others. Once none is left, generation is an
@@ -34,12 +35,15 @@ use serde_json::{json, Value};
 use super::config::{EngineConfig, EngineKind};
 use crate::backend::{Generation, SamplingParams};
 use crate::error::{Error, Result};
+use crate::retry::{retryable_status, Attempt};
 use crate::rollout::mix;
 
 /// Largest answer body read, bytes.
 const MAX_REPLY_BYTES: u64 = 256 << 20;
 /// First wait before a retry.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest wait between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What `GET /v1/models` says about one engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -268,50 +272,59 @@ impl EngineClient {
         params: &SamplingParams,
     ) -> Result<Completion> {
         let body = self.request_body(prompts, params);
-        let mut wait = FIRST_BACKOFF;
-        let mut attempt = 0u32;
-        loop {
-            let url = &self.urls[live[(first + attempt as usize) % live.len()]];
-            if self.down[live[(first + attempt as usize) % live.len()]].load(Ordering::SeqCst)
-                && attempt < self.retries
-                && live.iter().any(|&i| !self.down[i].load(Ordering::SeqCst))
-            {
-                attempt += 1;
-                continue;
+        // Attempt `n` goes to the `n`-th live URL from `first`, or the next one after it that
+        // is still up (a URL can be taken out of the run while the share is retried).
+        let pick = |n: u32| {
+            let turn = |k: usize| live[(first + n as usize + k) % live.len()];
+            (0..live.len())
+                .map(turn)
+                .find(|&i| !self.down[i].load(Ordering::SeqCst))
+                .unwrap_or_else(|| turn(0))
+        };
+        // The failure: the URL's index, the message, and whether the request itself failed
+        // (not the answer it got).
+        let outcome = crate::retry::with_retries(
+            self.retries,
+            FIRST_BACKOFF,
+            MAX_BACKOFF,
+            |n| {
+                let i = pick(n);
+                let url = &self.urls[i];
+                match self.once(url, "POST", "/v1/completions", Some(&body)) {
+                    Ok(answer) => parse_completion(&answer, prompts.len(), params, self.vocab_size)
+                        .map_err(|m| Attempt {
+                            failure: (i, m, false),
+                            retry: false,
+                        }),
+                    Err(f) => {
+                        // A refused or dropped connection: the engine is gone (the last one
+                        // too: the next generation then stops the run).
+                        if f.transport {
+                            self.mark_down(url, &f.message);
+                        }
+                        Err(Attempt {
+                            failure: (i, f.message, true),
+                            retry: f.retry,
+                        })
+                    }
+                }
+            },
+            |attempt, (i, message, _), _| tracing::warn!(url = %self.urls[*i], error = %message, attempt, "engine request failed; retrying"),
+        );
+        outcome.map_err(|((i, message, request), tries)| {
+            let url = &self.urls[i];
+            if !request {
+                return engine(url, message);
             }
-            let result = self.once(url, "POST", "/v1/completions", Some(&body));
-            // A refused or dropped connection: the engine is gone (the last one too: the next
-            // generation then stops the run).
-            if let Err(f) = &result {
-                if f.transport {
-                    self.mark_down(url, &f.message);
-                }
-            }
-            match result {
-                Ok(answer) => {
-                    return parse_completion(&answer, prompts.len(), params, self.vocab_size)
-                        .map_err(|m| engine(url, m))
-                }
-                Err(f) if f.retry && attempt < self.retries => {
-                    tracing::warn!(url = %url, error = %f.message, attempt, "engine request failed; retrying");
-                    std::thread::sleep(wait);
-                    wait *= 2;
-                    attempt += 1;
-                }
-                Err(f) => {
-                    let tries = attempt + 1;
-                    return Err(engine(
-                        url,
-                        format!(
-                            "{} (after {tries} attempt{}; `rollout.engine.retries` = {})",
-                            f.message,
-                            if tries == 1 { "" } else { "s" },
-                            self.retries
-                        ),
-                    ));
-                }
-            }
-        }
+            engine(
+                url,
+                format!(
+                    "{message} (after {tries} attempt{}; `rollout.engine.retries` = {})",
+                    if tries == 1 { "" } else { "s" },
+                    self.retries
+                ),
+            )
+        })
     }
 
     /// The `/v1/completions` body of one share.
@@ -425,7 +438,7 @@ impl EngineClient {
                     "{method} {route} answered HTTP {status}: {}",
                     excerpt(&text)
                 ),
-                retry: matches!(status, 408 | 429 | 500..=599),
+                retry: retryable_status(status),
                 transport: false,
             });
         }

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 
 use super::{ask, excerpt, Draft, Job, ReflectionFailure, Reflector};
 use crate::config::EndpointConfig;
+use crate::retry::{retryable_status, Attempt};
 use crate::rollout::prompt::TextCodec;
 
 /// Largest reply body read, bytes.
@@ -53,12 +54,6 @@ impl std::fmt::Debug for EndpointReflector {
             .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
             .finish()
     }
-}
-
-/// How one attempt failed, and whether another may succeed.
-struct AttemptFailure {
-    failure: ReflectionFailure,
-    retry: bool,
 }
 
 impl EndpointReflector {
@@ -92,7 +87,7 @@ impl EndpointReflector {
         &self.url
     }
 
-    fn attempt(&self, body: &str) -> Result<String, AttemptFailure> {
+    fn attempt(&self, body: &str) -> Result<String, Attempt<ReflectionFailure>> {
         let mut request = self
             .agent
             .post(&self.url)
@@ -109,16 +104,16 @@ impl EndpointReflector {
             .read_to_string()
             .map_err(|e| self.transport_failure(e))?;
         if !(200..300).contains(&status) {
-            return Err(AttemptFailure {
+            return Err(Attempt {
                 failure: ReflectionFailure::error(format!(
                     "{} answered HTTP {status}: {}",
                     self.url,
                     excerpt(&text)
                 )),
-                retry: matches!(status, 408 | 429 | 500..=599),
+                retry: retryable_status(status),
             });
         }
-        let json: Value = serde_json::from_str(&text).map_err(|e| AttemptFailure {
+        let json: Value = serde_json::from_str(&text).map_err(|e| Attempt {
             failure: ReflectionFailure::error(format!(
                 "{} answered HTTP {status} with a body that is not JSON ({e}): {}",
                 self.url,
@@ -131,7 +126,7 @@ impl EndpointReflector {
             .and_then(Value::as_str)
         {
             Some(content) => Ok(content.to_string()),
-            None => Err(AttemptFailure {
+            None => Err(Attempt {
                 failure: ReflectionFailure::error(format!(
                     "{} answered without `choices[0].message.content` (is it an \
                      OpenAI-compatible chat endpoint?): {}",
@@ -153,31 +148,27 @@ impl EndpointReflector {
             "temperature": self.settings.temperature,
         })
         .to_string();
-        let attempts = self.settings.max_retries + 1;
-        let mut backoff = Duration::from_millis(self.settings.retry_backoff_ms);
-        let mut attempt = 1;
-        loop {
-            let failed = match self.attempt(&body) {
-                Ok(content) => return Ok(content),
-                Err(failed) => failed,
-            };
-            if !failed.retry || attempt == attempts {
-                let mut failure = failed.failure;
-                if attempt > 1 {
-                    failure
-                        .reason
-                        .push_str(&format!(" (after {attempt} attempts)"));
-                }
-                return Err(failure);
+        let url = &self.url;
+        crate::retry::with_retries(
+            self.settings.max_retries,
+            Duration::from_millis(self.settings.retry_backoff_ms),
+            MAX_BACKOFF,
+            |_| self.attempt(&body),
+            |attempt, reason, _| {
+                tracing::debug!(url = %url, attempt, reason = %reason, "reflection attempt failed; retrying")
+            },
+        )
+        .map_err(|(mut failure, attempts)| {
+            if attempts > 1 {
+                failure
+                    .reason
+                    .push_str(&format!(" (after {attempts} attempts)"));
             }
-            tracing::debug!(url = %self.url, attempt, reason = %failed.failure, "reflection attempt failed; retrying");
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-            attempt += 1;
-        }
+            failure
+        })
     }
 
-    fn transport_failure(&self, e: ureq::Error) -> AttemptFailure {
+    fn transport_failure(&self, e: ureq::Error) -> Attempt<ReflectionFailure> {
         let timed_out = match &e {
             ureq::Error::Timeout(_) => true,
             ureq::Error::Io(io) => matches!(
@@ -187,7 +178,7 @@ impl EndpointReflector {
             _ => false,
         };
         if timed_out {
-            return AttemptFailure {
+            return Attempt {
                 failure: ReflectionFailure::timeout(format!(
                     "{} did not answer within skills.endpoint.timeout_ms = {} ms",
                     self.url, self.settings.timeout_ms
@@ -211,7 +202,7 @@ impl EndpointReflector {
             ),
             _ => (e.to_string(), false),
         };
-        AttemptFailure {
+        Attempt {
             failure: ReflectionFailure::error(format!("{}: {what}", self.url)),
             retry,
         }

@@ -94,7 +94,8 @@ pub fn generate_with(
     if params.max_new_tokens == 0 && session.sink.is_none() {
         return Ok(session.finish());
     }
-    initial.extend(session.ask());
+    let pending = initial.len();
+    initial.extend(session.ask(pending));
     session.start(initial)?;
     session.run()?;
     Ok(session.finish())
@@ -200,9 +201,10 @@ impl<'a, 's> Session<'a, 's> {
     }
 
     /// The sink's admissions, numbered after the rows so far; refused ones are reported and
-    /// keep their (empty) place in the output.
-    fn ask(&mut self) -> Vec<NewRow> {
-        let live = self.live();
+    /// keep their (empty) place in the output. `pending` rows are about to be prefilled: they
+    /// count as live (before the first prefill, the call's own prompts).
+    fn ask(&mut self, pending: usize) -> Vec<NewRow> {
+        let live = self.live() + pending;
         let Some(sink) = self.sink.as_deref_mut() else {
             return Vec::new();
         };
@@ -324,7 +326,7 @@ impl<'a, 's> Session<'a, 's> {
         if self.sink.is_none() {
             return Ok(self.live() > 0);
         }
-        let joining = self.ask();
+        let joining = self.ask(0);
         self.retire_and_admit(joining)?;
         Ok(!self.rows.is_empty())
     }
@@ -462,7 +464,7 @@ impl<'a, 's> Session<'a, 's> {
         loop {
             if self.logits.is_none() {
                 // The call had no prompt: wait for none, the sink admits before every step.
-                let joining = self.ask();
+                let joining = self.ask(0);
                 if joining.is_empty() {
                     return Ok(());
                 }

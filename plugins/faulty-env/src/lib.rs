@@ -11,7 +11,8 @@
 //! {"train_tasks": 3, "test_tasks": 4, "turns": 2,
 //!  "faults": [{"task": 1, "call": "step", "turn": 0, "how": "panic", "times": 1}]}
 //! ```
-//! A fault fires on training task `task` (held-out tasks never fail) in `call` (`start`, the
+//! A fault fires on task `task` of `split` (`"train"`, the default, or `"test"`: the held-out
+//! tasks) in `call` (`start`, the
 //! first `observation`, or `step` at turn `turn`), the way `how` says: `panic`, `error`, or
 //! `hang` (sleep `hang_ms` milliseconds, default 30 000, then go on). `times` limits how often
 //! it fires over the plugin's life (0, the default: every time), so one slot of a group can
@@ -52,8 +53,11 @@ pub enum How {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
-    /// The training task index.
+    /// The task index, in `split`.
     pub task: u64,
+    /// `"train"` (the default) or `"test"` (the held-out tasks).
+    #[serde(default)]
+    pub split: FaultSplit,
     pub call: Call,
     /// The turn, for `step` (0-based).
     #[serde(default)]
@@ -65,6 +69,15 @@ pub struct Fault {
     /// Fire at most this many times (0: every time).
     #[serde(default)]
     pub times: u64,
+}
+
+/// The split a fault's task index is in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultSplit {
+    #[default]
+    Train,
+    Test,
 }
 
 fn default_hang_ms() -> u64 {
@@ -100,11 +113,16 @@ struct Faults {
 
 impl Faults {
     fn trip(&self, task: TaskRef, call: Call, turn: u32) -> Result<()> {
-        if task.split != Split::Train {
-            return Ok(());
-        }
         for (f, fired) in self.faults.iter().zip(&self.fired) {
-            if f.task != task.index || f.call != call || (call == Call::Step && f.turn != turn) {
+            let split = match f.split {
+                FaultSplit::Train => Split::Train,
+                FaultSplit::Test => Split::Test,
+            };
+            if split != task.split
+                || f.task != task.index
+                || f.call != call
+                || (call == Call::Step && f.turn != turn)
+            {
                 continue;
             }
             if f.times > 0 && fired.fetch_add(1, Ordering::SeqCst) >= f.times {

@@ -81,6 +81,25 @@ fn training_through_a_launched_cairn_serve_engine() {
         err.contains("the launched server at http://127.0.0.1:"),
         "{err}"
     );
+
+    // A resumed run appends to the engine's log: the first server's output stays.
+    let more = with_launched_engine(tiny_config(&run, 4), &serve);
+    let cfg = write_config(tmp.path(), "train.toml", &more);
+    let out = cairn(&["train", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(rl_steps(&run).len(), 4);
+    let resumed = std::fs::read_to_string(run.join("engine.log")).unwrap();
+    assert!(resumed.starts_with(&log), "{resumed}");
+    assert_eq!(
+        resumed.matches("==> cairn: starting `").count(),
+        2,
+        "{resumed}"
+    );
+    assert_eq!(
+        resumed.matches("terminated (SIGTERM)").count(),
+        2,
+        "{resumed}"
+    );
 }
 
 /// Two engines share the rollouts; one is killed while the run trains. Its requests are

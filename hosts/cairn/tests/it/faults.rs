@@ -100,26 +100,56 @@ fn assert_failures_counted(steps: &[Value], panics: f64) {
 #[test]
 fn an_environment_panic_error_or_hang_drops_its_group_and_training_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
+    // And every held-out task errors at its start, so every evaluation is all faults.
+    let held_out: String = (0..4)
+        .map(|k| format!("{{ split = \"test\", task = {k}, call = \"start\", how = \"error\" }}, "))
+        .collect();
+    let faults = ENV_FAULTS.replacen('[', &format!("[{held_out}"), 1);
     let text = config(
         tmp.path(),
         2,
-        ENV_FAULTS,
+        &faults,
         "on_episode_failure = \"drop_group\"",
     );
     let out = train(tmp.path(), &text);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let steps = rl_steps(tmp.path());
     assert_failures_counted(&steps, 1.0);
+    // The evaluations say so, wherever they are reported, and name the version that played.
+    let evals = jsonl(&tmp.path().join("run/eval.jsonl"));
+    assert_eq!(evals.len(), 2, "{evals:?}");
+    for e in &evals {
+        assert_eq!(
+            (e["failed"].as_u64(), e["successes"].as_u64()),
+            (Some(4), Some(0)),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        evals[1]["policy_version"], steps[1]["policy_version"],
+        "{evals:?}"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("4 of 4 episodes cut by an environment fault, counted as failures"),
+        "{err}"
+    );
+    let summary = crate::stdout(&out);
+    assert_eq!(
+        summary.matches("(0/4, policy version ").count(),
+        2,
+        "{summary}"
+    );
+    assert_eq!(
+        summary.matches(", 4 cut by an environment fault)").count(),
+        2,
+        "{summary}"
+    );
     // Tasks 0 and 1 had failures: only task 2's group trained, all four of its episodes.
     let first = &steps[0];
     assert_eq!(num(first, "episodes/failed_groups_dropped"), 2.0, "{first}");
     assert_eq!(num(first, "groups/count"), 1.0, "{first}");
     assert_eq!(num(first, "trajectories/count"), 4.0, "{first}");
-    let evals = jsonl(&tmp.path().join("run/eval.jsonl"));
-    assert!(
-        evals.iter().all(|e| e["failed"] == 0),
-        "held-out tasks never fail"
-    );
     // Nothing is lost: the data pool holds all 12 episodes of the step, the dropped groups'
     // untrained with the reason, each failed one with its failure and the turns it played.
     let episodes = pool_step(tmp.path(), 0);

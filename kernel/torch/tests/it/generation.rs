@@ -375,9 +375,10 @@ fn admitted_rows_do_not_depend_on_what_they_are_batched_with() {
         let seen: Vec<u32> = sink.seen[row].iter().map(|t| t.0).collect();
         assert_eq!(seen, got.ids, "row {row} streamed");
     }
-    // Asked before the first prefill with 0 live rows, then after every step; the short rows
-    // (limit 4) and the first admission (limit 3) end before the last one joins.
-    assert_eq!(sink.live_seen[0], 0);
+    // Asked before the first prefill, the call's 2 rows counting as live (a sink that saw 0
+    // would end the pass to later arrivals), then after every step; the short rows (limit 4)
+    // and the first admission (limit 3) end before the last one joins.
+    assert_eq!(sink.live_seen[0], 2);
     assert_eq!(sink.live_seen[6], 2, "{:?}", sink.live_seen);
     assert_eq!(*sink.live_seen.last().unwrap(), 0);
     assert!(sink.refused.is_empty());
