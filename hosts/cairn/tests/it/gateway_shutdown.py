@@ -2,9 +2,9 @@
 
 Plays the last group the training step waits for (`--task`, `--group-size` episodes of one
 short call each) but posts the rewards only once `--clients` threads are each sending long
-`/v1/completions` requests (official `openai` client, one seed per request, so each is a
-generation batch of its own and, at any moment, one is generating and the others wait in the
-gateway's queue). The step then trains and the run ends with requests in flight. Each client
+`/v1/completions` requests (official `openai` client, one seed per request, and a temperature
+of its own per client: requests of other sampling settings never join a running pass, so at
+any moment one client's request is generating and the others wait in the gateway's queue). The step then trains and the run ends with requests in flight. Each client
 goes on until the gateway refuses it (503) or no longer accepts connections.
 
 Prints a JSON summary: one outcome per request (`status` 200 / 503 with the error body, or
@@ -39,7 +39,7 @@ def client_loop(base_url, index, max_tokens, started, outcomes):
         try:
             r = client.completions.create(model="cairn", prompt=[11, 22, 33 + index],
                                           max_tokens=max_tokens, seed=index * 1000 + k,
-                                          timeout=120)
+                                          temperature=0.5 + 0.1 * index, timeout=120)
             outcome.update(status=200, tokens=len(r.choices[0].model_extra["token_ids"]))
         except openai.APIStatusError as e:
             try:

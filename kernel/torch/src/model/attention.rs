@@ -4,7 +4,7 @@
 //! `[B, T, H, D]`, per-head RMSNorm (qwen3), transpose to `[B, H, T, D]`, RoPE, (cache), repeat
 //! key/value heads, scaled dot-product attention with scale `1/sqrt(D)`, merge heads, `o_proj`.
 
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
@@ -100,12 +100,16 @@ impl Attention {
         self.o_proj.forward(&out)
     }
 
-    /// [`Attention::forward`] for inference (no grad), with the same values bit for bit:
+    /// [`Attention::forward`] for inference (no grad), with the same values bit for bit (in
+    /// reduced precision, decode steps to the rounding of another product order; see below):
     ///
     /// - RoPE from tables shaped once per forward ([`RopeTables`]);
     /// - grouped-query attention by SDPA's `enable_gqa`, which reads each key/value head in
     ///   place for its `H / H_kv` query heads instead of copying the cache `H / H_kv` times
     ///   per layer and step (`repeat_kv`);
+    /// - in bf16, a decode step (`T = 1`) puts each key/value head's query heads on the query
+    ///   axis instead, so attention is one `[H / H_kv, S]` product per key/value head, not
+    ///   `H / H_kv` matrix-vector products;
     /// - `mask` additive, `[B, 1, T, S]` in the model's dtype (0 or −∞), made once per forward
     ///   instead of SDPA converting the boolean mask in every layer.
     ///
@@ -139,6 +143,33 @@ impl Attention {
             Some((cache, layer)) => cache.append(layer, &k, &v),
             None => (k, v),
         };
+        let grouped = self.num_heads != self.num_kv_heads;
+        if grouped && t == 1 && q.kind() != Kind::Float {
+            // A decode step in reduced precision: the `H / H_kv` query heads of each key/value
+            // head go on the query axis, `[B, H_kv, H / H_kv, D]` against the cache's
+            // `[B, H_kv, S, D]`, so attention multiplies `H / H_kv` query rows at once. With
+            // `enable_gqa`, libtorch's CPU flash attention multiplies one row at a time, and
+            // MKL's bf16 matrix-vector product is its slowest path: 3.2-4x slower a call at 64
+            // rows (`scripts/bench/gqa_decode.py`, BENCHMARKS.md "The gateway under a burst").
+            // Query head `h` still reads key/value head `h / (H / H_kv)`, as in `repeat_kv`;
+            // the mask `[B, 1, 1, S]` broadcasts over the query axis. f32 keeps `enable_gqa`:
+            // there the two measured 0.9-1.1x, and the main job's rollouts stay bit for bit.
+            let groups = self.num_heads / self.num_kv_heads;
+            let q = q.reshape([b, self.num_kv_heads, groups, self.head_dim]);
+            let out = Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                Some(mask),
+                0.0,
+                false,
+                self.scale,
+                false,
+            );
+            return self
+                .o_proj
+                .forward(&out.reshape([b, t, self.num_heads * self.head_dim]));
+        }
         let out = Tensor::scaled_dot_product_attention(
             &q,
             &k,
@@ -147,7 +178,7 @@ impl Attention {
             0.0,
             false,
             self.scale,
-            self.num_heads != self.num_kv_heads,
+            grouped,
         );
         let out = out
             .transpose(1, 2)
