@@ -4,7 +4,7 @@
 //! `[B, T, H, D]`, per-head RMSNorm (qwen3), transpose to `[B, H, T, D]`, RoPE, (cache), repeat
 //! key/value heads, scaled dot-product attention with scale `1/sqrt(D)`, merge heads, `o_proj`.
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
@@ -107,7 +107,7 @@ impl Attention {
     /// - grouped-query attention by SDPA's `enable_gqa`, which reads each key/value head in
     ///   place for its `H / H_kv` query heads instead of copying the cache `H / H_kv` times
     ///   per layer and step (`repeat_kv`);
-    /// - in bf16, a decode step (`T = 1`) puts each key/value head's query heads on the query
+    /// - in bf16 on the CPU, a decode step (`T = 1`) puts each key/value head's query heads on the query
     ///   axis instead, so attention is one `[H / H_kv, S]` product per key/value head, not
     ///   `H / H_kv` matrix-vector products;
     /// - `mask` additive, `[B, 1, T, S]` in the model's dtype (0 or −∞), made once per forward
@@ -144,8 +144,8 @@ impl Attention {
             None => (k, v),
         };
         let grouped = self.num_heads != self.num_kv_heads;
-        if grouped && t == 1 && q.kind() != Kind::Float {
-            // A decode step in reduced precision: the `H / H_kv` query heads of each key/value
+        if grouped && t == 1 && q.kind() != Kind::Float && q.device() == Device::Cpu {
+            // A decode step in reduced precision, on the CPU (where it was measured): the `H / H_kv` query heads of each key/value
             // head go on the query axis, `[B, H_kv, H / H_kv, D]` against the cache's
             // `[B, H_kv, S, D]`, so attention multiplies `H / H_kv` query rows at once. With
             // `enable_gqa`, libtorch's CPU flash attention multiplies one row at a time, and
