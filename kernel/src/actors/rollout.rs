@@ -563,20 +563,14 @@ impl EvalReport {
             self.seed,
             self.temperature
         );
-        line.push_str(&self.faults_note());
-        line
-    }
-
-    /// `"; N of M episodes cut by an environment fault ..."`, or nothing when none was.
-    pub fn faults_note(&self) -> String {
-        match self.failed {
-            0 => String::new(),
-            n => format!(
-                "; {n} of {} episodes cut by an environment fault, counted as failures (their \
+        if self.failed > 0 {
+            line.push_str(&format!(
+                "; {} of {} episodes cut by an environment fault, counted as failures (their \
                  reasons are in the data pool: `cairn pool`)",
-                self.tasks
-            ),
+                self.failed, self.tasks
+            ));
         }
+        line
     }
 }
 

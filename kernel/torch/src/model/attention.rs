@@ -65,17 +65,21 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor {
         let (b, t) = (xs.size()[0], xs.size()[1]);
-        let heads = |proj: &Linear, n: i64, norm: Option<&RmsNorm>| {
-            let x = proj.forward(xs).view([b, t, n, self.head_dim]);
-            let x = match norm {
-                Some(norm) => norm.forward(&x),
-                None => x,
-            };
-            x.transpose(1, 2)
-        };
-        let q = heads(&self.q_proj, self.num_heads, self.q_norm.as_ref());
-        let k = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref());
-        let v = heads(&self.v_proj, self.num_kv_heads, None);
+        let q = self.heads(
+            xs,
+            &self.q_proj,
+            self.num_heads,
+            self.q_norm.as_ref(),
+            RmsNorm::forward,
+        );
+        let k = self.heads(
+            xs,
+            &self.k_proj,
+            self.num_kv_heads,
+            self.k_norm.as_ref(),
+            RmsNorm::forward,
+        );
+        let v = self.heads(xs, &self.v_proj, self.num_kv_heads, None, RmsNorm::forward);
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         let (k, v) = match cache {
@@ -107,14 +111,14 @@ impl Attention {
     /// - grouped-query attention by SDPA's `enable_gqa`, which reads each key/value head in
     ///   place for its `H / H_kv` query heads instead of copying the cache `H / H_kv` times
     ///   per layer and step (`repeat_kv`);
-    /// - in bf16 on the CPU, a decode step (`T = 1`) puts each key/value head's query heads on the query
-    ///   axis instead, so attention is one `[H / H_kv, S]` product per key/value head, not
-    ///   `H / H_kv` matrix-vector products;
+    /// - in bf16 on the CPU, a decode step (`T = 1`) puts each key/value head's query heads on
+    ///   the query axis instead, so attention is one `[H / H_kv, S]` product per key/value
+    ///   head, not `H / H_kv` matrix-vector products;
     /// - `mask` additive, `[B, 1, T, S]` in the model's dtype (0 or −∞), made once per forward
     ///   instead of SDPA converting the boolean mask in every layer.
     ///
     /// Training keeps [`Attention::forward`]: SDPA's backward with `enable_gqa` sums the key
-    /// and value gradients of a group in another order. `tests/it/model.rs` checks the
+    /// and value gradients of a group in another order. `tests/it/forward.rs` checks the
     /// equality on whole models, with and without a cache.
     pub fn forward_no_grad(
         &self,
@@ -124,52 +128,39 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor {
         let (b, t) = (xs.size()[0], xs.size()[1]);
-        let heads = |proj: &Linear, n: i64, norm: Option<&RmsNorm>| {
-            let x = proj.forward(xs).view([b, t, n, self.head_dim]);
-            let x = match norm {
-                Some(norm) => norm.forward_no_grad(&x),
-                None => x,
-            };
-            x.transpose(1, 2)
-        };
-        let q = rope.apply(&heads(&self.q_proj, self.num_heads, self.q_norm.as_ref()));
-        let k = rope.apply(&heads(
+        let norm = RmsNorm::forward_no_grad;
+        let q =
+            rope.apply(&self.heads(xs, &self.q_proj, self.num_heads, self.q_norm.as_ref(), norm));
+        let k = rope.apply(&self.heads(
+            xs,
             &self.k_proj,
             self.num_kv_heads,
             self.k_norm.as_ref(),
+            norm,
         ));
-        let v = heads(&self.v_proj, self.num_kv_heads, None);
+        let v = self.heads(xs, &self.v_proj, self.num_kv_heads, None, norm);
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, &k, &v),
             None => (k, v),
         };
         let grouped = self.num_heads != self.num_kv_heads;
-        if grouped && t == 1 && q.kind() != Kind::Float && q.device() == Device::Cpu {
-            // A decode step in reduced precision, on the CPU (where it was measured): the `H / H_kv` query heads of each key/value
-            // head go on the query axis, `[B, H_kv, H / H_kv, D]` against the cache's
-            // `[B, H_kv, S, D]`, so attention multiplies `H / H_kv` query rows at once. With
-            // `enable_gqa`, libtorch's CPU flash attention multiplies one row at a time, and
-            // MKL's bf16 matrix-vector product is its slowest path: 3.2-4x slower a call at 64
-            // rows (`scripts/bench/gqa_decode.py`, BENCHMARKS.md "The gateway under a burst").
-            // Query head `h` still reads key/value head `h / (H / H_kv)`, as in `repeat_kv`;
-            // the mask `[B, 1, 1, S]` broadcasts over the query axis. f32 keeps `enable_gqa`:
-            // there the two measured 0.9-1.1x, and the main job's rollouts stay bit for bit.
+        // A decode step in reduced precision, on the CPU (where it was measured): the
+        // `H / H_kv` query heads of each key/value head go on the query axis,
+        // `[B, H_kv, H / H_kv, D]` against the cache's `[B, H_kv, S, D]`, so attention
+        // multiplies `H / H_kv` query rows at once. With `enable_gqa`, libtorch's CPU flash
+        // attention multiplies one row at a time, and MKL's bf16 matrix-vector product is its
+        // slowest path: 3.2-4x slower a call at 64 rows (`scripts/bench/gqa_decode.py`,
+        // BENCHMARKS.md "The gateway under a burst"). Query head `h` still reads key/value head
+        // `h / (H / H_kv)`, as in `repeat_kv`; the mask `[B, 1, 1, S]` broadcasts over the
+        // query axis. f32 keeps `enable_gqa`: there the two measured 0.9-1.1x, and the main
+        // job's rollouts stay bit for bit.
+        let fold = grouped && t == 1 && q.kind() != Kind::Float && q.device() == Device::Cpu;
+        let q = if fold {
             let groups = self.num_heads / self.num_kv_heads;
-            let q = q.reshape([b, self.num_kv_heads, groups, self.head_dim]);
-            let out = Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                Some(mask),
-                0.0,
-                false,
-                self.scale,
-                false,
-            );
-            return self
-                .o_proj
-                .forward(&out.reshape([b, t, self.num_heads * self.head_dim]));
-        }
+            q.reshape([b, self.num_kv_heads, groups, self.head_dim])
+        } else {
+            q
+        };
         let out = Tensor::scaled_dot_product_attention(
             &q,
             &k,
@@ -178,12 +169,32 @@ impl Attention {
             0.0,
             false,
             self.scale,
-            grouped,
+            grouped && !fold,
         );
-        let out = out
-            .transpose(1, 2)
-            .reshape([b, t, self.num_heads * self.head_dim]);
-        self.o_proj.forward(&out)
+        // Folded, `[B, H_kv, H / H_kv, D]` already holds the heads in `[B, 1, H, D]` order.
+        let out = if fold { out } else { out.transpose(1, 2) };
+        self.o_proj
+            .forward(&out.reshape([b, t, self.num_heads * self.head_dim]))
+    }
+
+    /// `xs` `[B, T, hidden]` through `proj`, split into `n` heads, each normalised by `norm`
+    /// (qwen3's per-head RMSNorm, by `forward`: the training or the no-grad path), as
+    /// `[B, n, T, D]`.
+    fn heads(
+        &self,
+        xs: &Tensor,
+        proj: &Linear,
+        n: i64,
+        norm: Option<&RmsNorm>,
+        forward: fn(&RmsNorm, &Tensor) -> Tensor,
+    ) -> Tensor {
+        let (b, t) = (xs.size()[0], xs.size()[1]);
+        let x = proj.forward(xs).view([b, t, n, self.head_dim]);
+        let x = match norm {
+            Some(norm) => forward(norm, &x),
+            None => x,
+        };
+        x.transpose(1, 2)
     }
 
     /// `[B, H_kv, S, D]` → `[B, H, S, D]`, each key/value head repeated `H / H_kv` times
