@@ -38,6 +38,9 @@ pub struct Tokenizer {
     config: Map<String, Json>,
     eos_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
+    /// `inner.get_vocab_size(true)`, counted once: the `tokenizers` call builds a map of the
+    /// whole vocabulary each time, and the gateway asks for it on every request.
+    vocab_size: usize,
 }
 
 impl Tokenizer {
@@ -114,11 +117,13 @@ impl Tokenizer {
         config_path: &Path,
     ) -> Result<Tokenizer> {
         add_config_tokens(&mut inner, &config, config_path)?;
+        let vocab_size = inner.get_vocab_size(true);
         let mut tokenizer = Tokenizer {
             inner: Arc::new(inner),
             config,
             eos_ids: Vec::new(),
             chat_template: None,
+            vocab_size,
         };
         for key in SPECIAL_TOKEN_KEYS {
             if let Some(token) = tokenizer.special_token(key) {
@@ -201,7 +206,7 @@ impl Tokenizer {
 
     /// Vocabulary size including added tokens (the embedding needs at least this many rows).
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// A named special token from the config (`"eos_token"` → `<|im_end|>`), in either the

@@ -24,8 +24,15 @@
 //!
 //! **Randomness.** Each row draws one uniform per step from its own ChaCha8 stream (seed =
 //! `SamplingParams::seed`, stream = row index; an admitted row: its admission's seed, stream =
-//! its index in the admission); the draw picks an id by inverse CDF on the device. Same seed,
-//! same prompts → same samples; libtorch's global RNG is never used.
+//! its index in the admission); the draw picks an id by inverse CDF (on the CPU without a
+//! nucleus, one pass over each row's masses in Rust; elsewhere by tensor ops on the device;
+//! the two pick the same ids to the bit). Same seed, same prompts → same samples; libtorch's
+//! global RNG is never used.
+//!
+//! **Speed.** A pass of a bf16 model on the CPU multiplies by weights packed for oneDNN,
+//! kept by the model while its weights stay the same ([`crate::model::packed`]).
+
+use std::cmp::Ordering;
 
 use cairn_kernel::backend::{Generation, SamplingParams, TokenSink};
 use cairn_plugin_sdk::FinishReason;
@@ -36,7 +43,7 @@ use tch::{Device, Kind, Tensor};
 use crate::batch::LeftPadded;
 use crate::error::{Error, Result};
 use crate::logprobs::logit_temperature;
-use crate::model::{CausalLm, KvCache};
+use crate::model::{CausalLm, KvCache, Packed};
 
 /// Samples one response per prompt; see the module docs.
 pub fn generate(
@@ -171,6 +178,8 @@ struct Session<'a, 's> {
     key_valid: Option<Tensor>,
     /// `[rows, V]` f32.
     logits: Option<Tensor>,
+    /// The model's pack, held for the pass (weights only for bf16 on the CPU).
+    packed: Packed<'a>,
 }
 
 impl<'a, 's> Session<'a, 's> {
@@ -189,6 +198,7 @@ impl<'a, 's> Session<'a, 's> {
             cache: None,
             key_valid: None,
             logits: None,
+            packed: model.pack_for_inference(),
         }
     }
 
@@ -247,15 +257,19 @@ impl<'a, 's> Session<'a, 's> {
             device,
         );
         let width = batch.width as i64;
-        let hidden = self.model.hidden_states(
+        let hidden = self.model.hidden_states_with(
             &batch.input_ids,
             &batch.position_ids,
             &batch.valid,
             Some(&mut cache),
+            self.packed.weights(),
         )?;
         self.logits = Some(
             self.model
-                .logits(&hidden.narrow(1, width - 1, 1).squeeze_dim(1))
+                .logits_with(
+                    &hidden.narrow(1, width - 1, 1).squeeze_dim(1),
+                    self.packed.weights(),
+                )
                 .to_kind(Kind::Float),
         );
         self.rows = rows
@@ -294,7 +308,7 @@ impl<'a, 's> Session<'a, 's> {
         };
         // Every row draws every step, live or not, so a row's k-th id uses its k-th draw.
         let uniforms: Vec<f64> = self.rows.iter_mut().map(|r| r.rng.gen::<f64>()).collect();
-        let (ids, logp) = self.sampler.sample(logits, &uniforms);
+        let (ids, logp) = self.sampler.sample(logits, &uniforms)?;
         let ids: Vec<i64> = Vec::try_from(&ids)?;
         let logp: Vec<f32> = Vec::try_from(&logp)?;
         for (slot, row) in self.rows.iter_mut().enumerate() {
@@ -403,11 +417,12 @@ impl<'a, 's> Session<'a, 's> {
                     device,
                 );
                 // Only the keys and values are kept: the logits come at the next decode step.
-                let _ = self.model.hidden_states(
+                let _ = self.model.hidden_states_with(
                     &batch.input_ids,
                     &batch.position_ids,
                     &batch.valid,
                     Some(&mut scratch),
+                    self.packed.weights(),
                 )?;
                 cache.write_rows(&slots, &scratch)?;
             }
@@ -446,12 +461,13 @@ impl<'a, 's> Session<'a, 's> {
         let valid = key_valid
             .narrow(0, 0, n)
             .narrow(1, 0, cache.len() as i64 + 1);
-        let hidden = self
-            .model
-            .hidden_states(&input, &position, &valid, Some(cache))?;
+        let packed = self.packed.weights();
+        let hidden =
+            self.model
+                .hidden_states_with(&input, &position, &valid, Some(cache), packed)?;
         self.logits = Some(
             self.model
-                .logits(&hidden.squeeze_dim(1))
+                .logits_with(&hidden.squeeze_dim(1), packed)
                 .to_kind(Kind::Float),
         );
         for r in &mut self.rows {
@@ -501,16 +517,25 @@ impl Sampler {
     }
 
     /// `(ids [B] int64, logp [B] f32)`; `uniforms` holds one draw in `[0, 1)` per row.
-    fn sample(&self, logits: &Tensor, uniforms: &[f64]) -> (Tensor, Tensor) {
+    fn sample(&self, logits: &Tensor, uniforms: &[f64]) -> Result<(Tensor, Tensor)> {
         let Some(t) = self.temperature else {
             let ids = logits.argmax(-1, false);
             let logp = logits
                 .log_softmax(-1, Kind::Float)
                 .gather(1, &ids.unsqueeze(1), false)
                 .squeeze_dim(1);
-            return (ids, logp);
+            return Ok((ids, logp));
         };
         let logp_all = (logits / t).log_softmax(-1, Kind::Float);
+        if self.top_p >= 1.0 && self.device == Device::Cpu {
+            return sample_full_vocab_on_cpu(&logp_all, uniforms);
+        }
+        Ok(self.sample_with_tensor_ops(&logp_all, uniforms))
+    }
+
+    /// The draw from `logp_all` `[B, V]` f32 (the tempered log-softmax) by tensor ops on the
+    /// sampler's device: the nucleus when `top_p < 1`, and the full-vocabulary draw off the CPU.
+    fn sample_with_tensor_ops(&self, logp_all: &Tensor, uniforms: &[f64]) -> (Tensor, Tensor) {
         let probs = logp_all.exp().to_kind(Kind::Double);
         let vocab = probs.size()[1];
         let target = Tensor::from_slice(uniforms)
@@ -534,6 +559,51 @@ impl Sampler {
         let logp = logp_all.gather(1, &ids.unsqueeze(1), false).squeeze_dim(1);
         (ids, logp)
     }
+}
+
+/// [`Sampler::sample`] without a nucleus, on the CPU: the same ids and log-probs as the
+/// device path (`inverse_cdf` over `exp(logp_all)` widened to f64), bit for bit, in one read
+/// of each row's masses instead of five full-width tensor ops and a `[B, V]` f64 copy.
+///
+/// `logp_all` `[B, V]` f32; returns `(ids [B] int64, logp [B] f32)`. The masses are
+/// libtorch's `exp` (they round as the device path's do), widened to f64 and summed in order,
+/// as libtorch's CPU `cumsum` sums in f64; the id is the number of running sums `<= u · total`
+/// (the first that exceeds it), clamped to the last id, exactly as `inverse_cdf` counts.
+fn sample_full_vocab_on_cpu(logp_all: &Tensor, uniforms: &[f64]) -> Result<(Tensor, Tensor)> {
+    let masses = logp_all.exp().contiguous();
+    let (rows, vocab) = (masses.size()[0] as usize, masses.size()[1] as usize);
+    if masses.kind() != Kind::Float || masses.device() != Device::Cpu || uniforms.len() != rows {
+        return Err(Error::input(
+            "sample",
+            format!("{rows} rows of f32 CPU logits, {} draws", uniforms.len()),
+        ));
+    }
+    // SAFETY: `masses` is a contiguous f32 CPU tensor of `rows * vocab` elements, alive and
+    // unaliased by any writer until the end of this function.
+    let masses_flat: &[f32] =
+        unsafe { std::slice::from_raw_parts(masses.data_ptr() as *const f32, rows * vocab) };
+    let ids: Vec<i64> = masses_flat
+        .chunks_exact(vocab.max(1))
+        .zip(uniforms)
+        .map(|(row, &u)| {
+            let total = row.iter().fold(0.0f64, |acc, &m| acc + f64::from(m));
+            let target = u * total;
+            let mut cum = 0.0f64;
+            let count = row
+                .iter()
+                .position(|&m| {
+                    cum += f64::from(m);
+                    // Not `cum <= target`: a NaN stops the search at once, as `inverse_cdf`
+                    // counts no entry `<=` a NaN target.
+                    matches!(cum.partial_cmp(&target), Some(Ordering::Greater) | None)
+                })
+                .unwrap_or(vocab);
+            count.min(vocab - 1) as i64
+        })
+        .collect();
+    let ids = Tensor::from_slice(&ids);
+    let logp = logp_all.gather(1, &ids.unsqueeze(1), false).squeeze_dim(1);
+    Ok((ids, logp))
 }
 
 /// Index `[B, 1]` of the first entry whose running mass exceeds `u · total` (`u` `[B, 1]`),
@@ -563,7 +633,7 @@ mod tests {
 
     fn ids(s: &Sampler, logits: &[f32], u: f64) -> i64 {
         let logits = Tensor::from_slice(logits).view([1, -1]);
-        let (ids, _) = s.sample(&logits, &[u]);
+        let (ids, _) = s.sample(&logits, &[u]).unwrap();
         ids.int64_value(&[0])
     }
 
@@ -587,8 +657,9 @@ mod tests {
         for u in [0.0, 0.3, 0.8, 0.95, 0.999] {
             assert_ne!(ids(&s, &logits, u), 0, "u = {u}");
         }
-        let (ids, logp) =
-            sampler(1.0, 0.5).sample(&Tensor::from_slice(&logits).view([1, 3]), &[0.9]);
+        let (ids, logp) = sampler(1.0, 0.5)
+            .sample(&Tensor::from_slice(&logits).view([1, 3]), &[0.9])
+            .unwrap();
         assert_eq!(ids.int64_value(&[0]), 2);
         assert!((logp.double_value(&[0]) - 0.7f64.ln()).abs() < 1e-6);
     }
@@ -596,9 +667,63 @@ mod tests {
     #[test]
     fn greedy_is_argmax_with_t1_logprob() {
         let logits = Tensor::from_slice(&[1.0f32, 3.0, 2.0]).view([1, 3]);
-        let (ids, logp) = sampler(0.0, 1.0).sample(&logits, &[0.5]);
+        let (ids, logp) = sampler(0.0, 1.0).sample(&logits, &[0.5]).unwrap();
         assert_eq!(ids.int64_value(&[0]), 1);
         let want = logits.log_softmax(-1, Kind::Float).double_value(&[0, 1]);
         assert!((logp.double_value(&[0]) - want).abs() < 1e-7);
+    }
+
+    /// The CPU's one-pass draw and the tensor-op draw pick the same ids and report the same
+    /// log-probs, to the bit: over wide random rows (a vocabulary of SmolLM2's size), masked
+    /// entries, a one-hot row, and draws at 0, just below 1 and at every boundary of a small
+    /// row's CDF, which pin the comparison (a running sum equal to `u · total` does not stop
+    /// the search) and the clamp.
+    #[test]
+    fn the_cpu_draw_equals_the_tensor_draw_bit_for_bit() {
+        let s = sampler(1.0, 1.0);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let (rows, vocab) = (16i64, 49_152i64);
+        let logits = Tensor::randn([rows, vocab], (Kind::Float, Device::Cpu)) * 4.0;
+        let _ = logits.narrow(0, 1, 1).fill_(f64::NEG_INFINITY);
+        let _ = logits.narrow(0, 1, 1).narrow(1, 7, 1).fill_(0.0);
+        let _ = logits
+            .narrow(0, 2, 1)
+            .narrow(1, 0, 30_000)
+            .fill_(f64::NEG_INFINITY);
+        for trial in 0..20 {
+            let mut uniforms: Vec<f64> = (0..rows).map(|_| rng.gen::<f64>()).collect();
+            if trial == 0 {
+                uniforms[0] = 0.0;
+                uniforms[3] = 1.0 - f64::EPSILON;
+            }
+            let logp_all = logits.log_softmax(-1, Kind::Float);
+            let (ids, logp) = sample_full_vocab_on_cpu(&logp_all, &uniforms).unwrap();
+            let (want_ids, want_logp) = s.sample_with_tensor_ops(&logp_all, &uniforms);
+            assert!(ids.equal(&want_ids), "trial {trial}: ids differ");
+            assert!(logp.equal(&want_logp), "trial {trial}: log-probs differ");
+            assert_eq!(ids.int64_value(&[1]), 7, "the one-hot row");
+            assert!(ids.int64_value(&[2]) >= 30_000, "a masked id was drawn");
+        }
+        // Every boundary of a 3-entry CDF, and either side of it.
+        let small = Tensor::from_slice(&[0.1f32.ln(), 0.2f32.ln(), 0.7f32.ln()]).view([1, 3]);
+        let logp_all = small.log_softmax(-1, Kind::Float);
+        let masses: Vec<f64> = Vec::<f32>::try_from(logp_all.exp().view([-1]))
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let total: f64 = masses.iter().sum();
+        let mut edges = vec![0.0, masses[0] / total, (masses[0] + masses[1]) / total];
+        edges.extend(
+            edges
+                .clone()
+                .iter()
+                .flat_map(|e| [e.next_down(), e.next_up()]),
+        );
+        for u in edges.into_iter().filter(|u| (0.0..1.0).contains(u)) {
+            let (ids, _) = sample_full_vocab_on_cpu(&logp_all, &[u]).unwrap();
+            let (want, _) = s.sample_with_tensor_ops(&logp_all, &[u]);
+            assert!(ids.equal(&want), "u = {u}");
+        }
     }
 }

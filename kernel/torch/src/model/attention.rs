@@ -9,6 +9,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::linear::Linear;
+use super::packed::LayerProjs;
 use super::rms_norm::RmsNorm;
 use super::rotary::{apply_rotary, RopeTables};
 
@@ -65,21 +66,20 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor {
         let (b, t) = (xs.size()[0], xs.size()[1]);
+        let fwd = RmsNorm::forward;
         let q = self.heads(
-            xs,
-            &self.q_proj,
+            self.q_proj.forward(xs),
             self.num_heads,
             self.q_norm.as_ref(),
-            RmsNorm::forward,
+            fwd,
         );
         let k = self.heads(
-            xs,
-            &self.k_proj,
+            self.k_proj.forward(xs),
             self.num_kv_heads,
             self.k_norm.as_ref(),
-            RmsNorm::forward,
+            fwd,
         );
-        let v = self.heads(xs, &self.v_proj, self.num_kv_heads, None, RmsNorm::forward);
+        let v = self.heads(self.v_proj.forward(xs), self.num_kv_heads, None, fwd);
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         let (k, v) = match cache {
@@ -115,30 +115,27 @@ impl Attention {
     ///   the query axis instead, so attention is one `[H / H_kv, S]` product per key/value
     ///   head, not `H / H_kv` matrix-vector products;
     /// - `mask` additive, `[B, 1, T, S]` in the model's dtype (0 or −∞), made once per forward
-    ///   instead of SDPA converting the boolean mask in every layer.
+    ///   instead of SDPA converting the boolean mask in every layer;
+    /// - the projections `projs`: this layer's, plain or packed for oneDNN
+    ///   ([`crate::model::packed`]; bf16 generation passes on the CPU).
     ///
     /// Training keeps [`Attention::forward`]: SDPA's backward with `enable_gqa` sums the key
     /// and value gradients of a group in another order. `tests/it/forward.rs` checks the
     /// equality on whole models, with and without a cache.
-    pub fn forward_no_grad(
+    pub(crate) fn forward_no_grad(
         &self,
         xs: &Tensor,
         rope: &RopeTables,
         mask: &Tensor,
         cache: Option<(&mut KvCache, usize)>,
+        projs: &LayerProjs<'_>,
     ) -> Tensor {
         let (b, t) = (xs.size()[0], xs.size()[1]);
         let norm = RmsNorm::forward_no_grad;
-        let q =
-            rope.apply(&self.heads(xs, &self.q_proj, self.num_heads, self.q_norm.as_ref(), norm));
-        let k = rope.apply(&self.heads(
-            xs,
-            &self.k_proj,
-            self.num_kv_heads,
-            self.k_norm.as_ref(),
-            norm,
-        ));
-        let v = self.heads(xs, &self.v_proj, self.num_kv_heads, None, norm);
+        let (q, k, v) = projs.qkv(xs);
+        let q = rope.apply(&self.heads(q, self.num_heads, self.q_norm.as_ref(), norm));
+        let k = rope.apply(&self.heads(k, self.num_kv_heads, self.k_norm.as_ref(), norm));
+        let v = self.heads(v, self.num_kv_heads, None, norm);
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, &k, &v),
             None => (k, v),
@@ -173,23 +170,21 @@ impl Attention {
         );
         // Folded, `[B, H_kv, H / H_kv, D]` already holds the heads in `[B, 1, H, D]` order.
         let out = if fold { out } else { out.transpose(1, 2) };
-        self.o_proj
-            .forward(&out.reshape([b, t, self.num_heads * self.head_dim]))
+        projs.o(&out.reshape([b, t, self.num_heads * self.head_dim]))
     }
 
-    /// `xs` `[B, T, hidden]` through `proj`, split into `n` heads, each normalised by `norm`
-    /// (qwen3's per-head RMSNorm, by `forward`: the training or the no-grad path), as
-    /// `[B, n, T, D]`.
+    /// A projection's output `x` `[B, T, n·D]` split into `n` heads, each normalised by
+    /// `norm` (qwen3's per-head RMSNorm, by `forward`: the training or the no-grad path), as
+    /// `[B, n, T, D]`. `x` may be a view of a wider product (the packed `q, k, v`).
     fn heads(
         &self,
-        xs: &Tensor,
-        proj: &Linear,
+        x: Tensor,
         n: i64,
         norm: Option<&RmsNorm>,
         forward: fn(&RmsNorm, &Tensor) -> Tensor,
     ) -> Tensor {
-        let (b, t) = (xs.size()[0], xs.size()[1]);
-        let x = proj.forward(xs).view([b, t, n, self.head_dim]);
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let x = x.view([b, t, n, self.head_dim]);
         let x = match norm {
             Some(norm) => forward(norm, &x),
             None => x,

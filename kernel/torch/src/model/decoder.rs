@@ -23,6 +23,7 @@ use super::kv_cache::KvCache;
 use super::linear::Linear;
 use super::mask::attention_mask;
 use super::mlp::Mlp;
+use super::packed::{LayerProjs, PackCache, Packed, PackedWeights};
 use super::rms_norm::RmsNorm;
 use super::rotary::{RopeTables, RotaryEmbedding};
 use crate::error::{Error, Result};
@@ -73,26 +74,35 @@ impl DecoderLayer {
         xs + mlp
     }
 
+    /// Its index `i` in `model.layers.{i}`.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
     /// [`DecoderLayer::forward`] for inference, bit for bit: each block's `forward_no_grad`,
-    /// and the residual sums formed in place (`a + b` rounds as `b + a`).
+    /// and the residual sums formed in place (`a + b` rounds as `b + a`). With `packed`, the
+    /// projections go through oneDNN's packed path (see [`crate::model::packed`]).
     fn forward_no_grad(
         &self,
         xs: &Tensor,
         rope: &RopeTables,
         mask: &Tensor,
         cache: Option<&mut KvCache>,
+        packed: Option<&PackedWeights>,
     ) -> Tensor {
         let _span = tracing::trace_span!("decoder_layer", layer = self.index).entered();
+        let projs = LayerProjs::of(self, packed);
         let mut h = self.self_attn.forward_no_grad(
             &self.input_layernorm.forward_no_grad(xs),
             rope,
             mask,
             cache.map(|c| (c, self.index)),
+            &projs,
         );
         let _ = h.g_add_(xs);
         let mut out = self
             .mlp
-            .forward_no_grad(&self.post_attention_layernorm.forward_no_grad(&h));
+            .forward_no_grad(&self.post_attention_layernorm.forward_no_grad(&h), &projs);
         let _ = out.g_add_(&h);
         out
     }
@@ -111,6 +121,8 @@ pub struct CausalLm {
     /// `lm_head.weight` `[V, hidden]`, or `embed_tokens` itself when tied.
     lm_head: Linear,
     rotary: RotaryEmbedding,
+    /// The projections packed for bf16 generation on the CPU, kept while the weights stay.
+    packed: PackCache,
 }
 
 impl CausalLm {
@@ -144,6 +156,7 @@ impl CausalLm {
             norm,
             lm_head,
             rotary,
+            packed: PackCache::default(),
         }
     }
 
@@ -213,7 +226,20 @@ impl CausalLm {
         input_ids: &Tensor,
         position_ids: &Tensor,
         key_valid: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        self.hidden_states_with(input_ids, position_ids, key_valid, cache, None)
+    }
+
+    /// [`CausalLm::hidden_states`], with the no-grad path's projections taken from `packed`
+    /// when given (a generation pass's [`CausalLm::pack_for_inference`]).
+    pub fn hidden_states_with(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_valid: &Tensor,
         mut cache: Option<&mut KvCache>,
+        packed: Option<&PackedWeights>,
     ) -> Result<Tensor> {
         let t = input_ids.size()[1];
         let offset = cache.as_ref().map_or(0, |c| c.len() as i64);
@@ -245,7 +271,7 @@ impl CausalLm {
             let additive = Tensor::zeros(mask.size(), (kind, mask.device()))
                 .masked_fill(&mask.logical_not(), f64::NEG_INFINITY);
             for layer in &self.layers {
-                xs = layer.forward_no_grad(&xs, &rope, &additive, cache.as_deref_mut());
+                xs = layer.forward_no_grad(&xs, &rope, &additive, cache.as_deref_mut(), packed);
             }
             self.norm.forward_no_grad(&xs)
         };
@@ -258,6 +284,24 @@ impl CausalLm {
     /// Logits `[.., V]` in the model's dtype for hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         self.lm_head.forward(hidden)
+    }
+
+    /// [`CausalLm::logits`], through `packed`'s LM head when given.
+    pub fn logits_with(&self, hidden: &Tensor, packed: Option<&PackedWeights>) -> Tensor {
+        match packed {
+            Some(p) => p.logits(&self.lm_head, hidden),
+            None => self.lm_head.forward(hidden),
+        }
+    }
+
+    /// Every projection and the LM head packed for oneDNN, for a generation pass (held until
+    /// the returned guard drops): weights for a bf16 model on a CPU whose oneDNN has bf16
+    /// kernels (when the copy takes at most half of the memory available), none otherwise
+    /// (the plain path is then used). The model keeps the pack and hands it out again while
+    /// its weights stay the same (same storage, dtype and version counters), and repacks after
+    /// any change; see [`crate::model::packed`].
+    pub fn pack_for_inference(&self) -> Packed<'_> {
+        self.packed.get(&self.layers, &self.lm_head)
     }
 
     /// Logits `[B, T, V]`, cast to f32, for every position; see [`CausalLm::hidden_states`].

@@ -4,6 +4,7 @@ use tch::{nn, Tensor};
 
 use super::config::ModelConfig;
 use super::linear::Linear;
+use super::packed::LayerProjs;
 
 /// `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 #[derive(Debug)]
@@ -30,12 +31,13 @@ impl Mlp {
         self.down_proj.forward(&(gate * self.up_proj.forward(xs)))
     }
 
-    /// [`Mlp::forward`] with `silu` and the product in place: the same values bit for bit,
-    /// two fewer allocations; inference only.
-    pub fn forward_no_grad(&self, xs: &Tensor) -> Tensor {
-        let mut gate = self.gate_proj.forward(xs);
+    /// [`Mlp::forward`] with `silu` and the product in place (the same values bit for bit,
+    /// two fewer allocations), through `projs`' gate, up and down projections (this layer's,
+    /// plain or packed, where gate and up are views of one product); inference only.
+    pub(crate) fn forward_no_grad(&self, xs: &Tensor, projs: &LayerProjs<'_>) -> Tensor {
+        let (mut gate, up) = projs.gate_up(xs);
         let _ = gate.silu_();
-        let _ = gate.g_mul_(&self.up_proj.forward(xs));
-        self.down_proj.forward(&gate)
+        let _ = gate.g_mul_(&up);
+        projs.down(&gate)
     }
 }

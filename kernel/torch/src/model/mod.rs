@@ -2,7 +2,8 @@
 //!
 //! One concept per file, after candle-nn: [`config`] (HF `config.json`), [`linear`],
 //! [`rms_norm`], [`rotary`] (RoPE), [`mask`] (padding-aware causal masks), [`attention`]
-//! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights) and [`decoder`]
+//! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights), [`packed`] (bf16
+//! projections through oneDNN with weights packed once per generation pass) and [`decoder`]
 //! ([`CausalLm`], the model). Numerics follow transformers op for op, so log-probs match
 //! `AutoModelForCausalLM` to float tolerance. Without grad (sampling, scoring, the gateway)
 //! [`CausalLm::hidden_states`] takes a leaner path: RoPE tables shaped once, SDPA's own GQA
@@ -19,9 +20,11 @@ pub mod kv_cache;
 pub mod linear;
 pub mod mask;
 pub mod mlp;
+pub mod packed;
 pub mod rms_norm;
 pub mod rotary;
 
 pub use config::{Dtype, ModelConfig, ModelType, RopeScaling};
 pub use decoder::CausalLm;
 pub use kv_cache::KvCache;
+pub use packed::{Packed, PackedWeights};

@@ -1,7 +1,8 @@
 //! The batched and cached forward paths reproduce a plain full forward.
 
 use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
-use cairn_torch::model::{ModelType, RopeScaling};
+use cairn_torch::model::packed::onednn_bf16_supported;
+use cairn_torch::model::{ModelType, PackedWeights, RopeScaling};
 use cairn_torch::{CausalLm, Dtype, KvCache, ModelConfig};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -18,15 +19,17 @@ pub fn cached_logprobs(
     prompts: &[Vec<u32>],
     continuations: &[Vec<u32>],
 ) -> Vec<Tensor> {
-    tch::no_grad(|| cached_logprobs_in_grad_mode(model, prompts, continuations))
+    tch::no_grad(|| cached_logprobs_in_grad_mode(model, prompts, continuations, None))
 }
 
 /// [`cached_logprobs`] in the caller's grad mode: with grad on, the model takes the training
-/// path (`CausalLm::hidden_states` picks by grad mode).
+/// path (`CausalLm::hidden_states` picks by grad mode). Without grad, the projections come
+/// from `packed` when given.
 fn cached_logprobs_in_grad_mode(
     model: &CausalLm,
     prompts: &[Vec<u32>],
     continuations: &[Vec<u32>],
+    packed: Option<&PackedWeights>,
 ) -> Vec<Tensor> {
     let b = prompts.len() as i64;
     let n = continuations[0].len() as i64;
@@ -57,15 +60,16 @@ fn cached_logprobs_in_grad_mode(
         device,
     );
     let hidden = model
-        .hidden_states(
+        .hidden_states_with(
             &Tensor::from_slice(&ids).view([b, width]).to_device(device),
             &Tensor::from_slice(&pos).view([b, width]).to_device(device),
             &valid.narrow(1, 0, width),
             Some(&mut cache),
+            packed,
         )
         .unwrap();
     let mut steps = vec![model
-        .logits(&hidden.narrow(1, width - 1, 1))
+        .logits_with(&hidden.narrow(1, width - 1, 1), packed)
         .log_softmax(-1, Kind::Float)];
     for s in 0..n {
         let input: Vec<i64> = continuations
@@ -74,14 +78,19 @@ fn cached_logprobs_in_grad_mode(
             .collect();
         let position: Vec<i64> = prompts.iter().map(|p| p.len() as i64 + s).collect();
         let hidden = model
-            .hidden_states(
+            .hidden_states_with(
                 &Tensor::from_slice(&input).view([b, 1]).to_device(device),
                 &Tensor::from_slice(&position).view([b, 1]).to_device(device),
                 &valid.narrow(1, 0, width + s + 1),
                 Some(&mut cache),
+                packed,
             )
             .unwrap();
-        steps.push(model.logits(&hidden).log_softmax(-1, Kind::Float));
+        steps.push(
+            model
+                .logits_with(&hidden, packed)
+                .log_softmax(-1, Kind::Float),
+        );
     }
     assert_eq!(cache.len(), (width + n) as usize);
     let all = Tensor::cat(&steps, 1); // [B, n + 1, V]
@@ -170,8 +179,9 @@ fn the_inference_forward_equals_the_training_forward_bit_for_bit() {
             assert!(config.num_attention_heads > config.num_key_value_heads);
             let model = CausalLm::random(&config, Device::Cpu, dtype, 3).unwrap();
             let lean = cached_logprobs(&model, &prompts, &continuations);
-            let training =
-                tch::with_grad(|| cached_logprobs_in_grad_mode(&model, &prompts, &continuations));
+            let training = tch::with_grad(|| {
+                cached_logprobs_in_grad_mode(&model, &prompts, &continuations, None)
+            });
             for (r, (a, b)) in lean.iter().zip(&training).enumerate() {
                 assert!(b.requires_grad(), "the training path ran with grad");
                 let b = b.detach();
@@ -183,6 +193,99 @@ fn the_inference_forward_equals_the_training_forward_bit_for_bit() {
                 );
             }
         }
+    }
+}
+
+/// bf16 generation passes on the CPU multiply by weights packed for oneDNN
+/// (`CausalLm::pack_for_inference`). The pack exists exactly where libtorch's oneDNN has bf16
+/// kernels, never for f32, and its forward (prefill over left padding, then cached decode
+/// steps) gives the plain forward's log-probs: the same kernel family accumulates in f32 and
+/// rounds once to bf16, so the two agree to within the bound below (measured on an AMD EPYC,
+/// generic-avx512: equal to the bit). Wrong, stale or transposed packed weights miss it by
+/// whole nats.
+#[test]
+fn packed_projections_give_the_plain_forwards_logprobs() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let prompts = vec![
+        random_ids(&mut rng, 9),
+        random_ids(&mut rng, 2),
+        random_ids(&mut rng, 6),
+    ];
+    let continuations: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 5)).collect();
+    for config in all_layouts() {
+        let f32_model = CausalLm::random(&config, Device::Cpu, Dtype::F32, 3).unwrap();
+        assert!(
+            f32_model.pack_for_inference().weights().is_none(),
+            "f32 is never packed"
+        );
+        let model = CausalLm::random(&config, Device::Cpu, Dtype::Bf16, 3).unwrap();
+        let guard = model.pack_for_inference();
+        assert_eq!(
+            guard.weights().is_some(),
+            onednn_bf16_supported(),
+            "{:?}",
+            config.model_type
+        );
+        let Some(packed) = guard.weights() else {
+            continue;
+        };
+        let plain = cached_logprobs(&model, &prompts, &continuations);
+        let fast = tch::no_grad(|| {
+            cached_logprobs_in_grad_mode(&model, &prompts, &continuations, Some(packed))
+        });
+        assert_close(&plain, &fast, &format!("{:?}", config.model_type));
+    }
+}
+
+/// The model keeps its pack between passes, so an update must never leave it stale: after the
+/// weights change in place (as an optimizer step or a weight load changes them), the next pack
+/// gives the new weights' log-probs, not the old ones (which differ by whole nats here).
+#[test]
+fn a_kept_pack_follows_the_weights_after_they_change_in_place() {
+    if !onednn_bf16_supported() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let prompts = vec![random_ids(&mut rng, 6), random_ids(&mut rng, 3)];
+    let continuations: Vec<Vec<u32>> = (0..2).map(|_| random_ids(&mut rng, 4)).collect();
+    let model = CausalLm::random(&tiny_config(), Device::Cpu, Dtype::Bf16, 4).unwrap();
+    let logprobs = |model: &CausalLm| {
+        let guard = model.pack_for_inference();
+        let packed = guard.weights().expect("bf16 on this CPU is packed");
+        tch::no_grad(|| cached_logprobs_in_grad_mode(model, &prompts, &continuations, Some(packed)))
+    };
+    let before = logprobs(&model);
+    assert_close(
+        &cached_logprobs(&model, &prompts, &continuations),
+        &before,
+        "before",
+    );
+    for (name, mut w) in model.named_parameters() {
+        if name.ends_with("mlp.up_proj.weight") || name.ends_with("self_attn.v_proj.weight") {
+            tch::no_grad(|| {
+                let _ = w.g_mul_scalar_(-3.0);
+            });
+        }
+    }
+    let after = logprobs(&model);
+    assert_close(
+        &cached_logprobs(&model, &prompts, &continuations),
+        &after,
+        "after",
+    );
+    let moved = max_abs_diff(&to_vec(&before[0]), &to_vec(&after[0]));
+    assert!(
+        moved > 0.5,
+        "the change moved the log-probs by only {moved}"
+    );
+}
+
+/// Packed and plain log-probs, row by row, within the packed path's bound.
+fn assert_close(plain: &[Tensor], packed: &[Tensor], what: &str) {
+    for (r, (a, b)) in plain.iter().zip(packed).enumerate() {
+        let d = max_abs_diff(&to_vec(a), &to_vec(b));
+        eprintln!("{what} row {r}: packed vs plain {d}");
+        assert!(d <= 5e-2, "{what} row {r}: packed vs plain {d}");
     }
 }
 

@@ -8,7 +8,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::Kind;
 
-use crate::common::{backend, direct_logprobs, max_abs_diff, random_ids, to_vec};
+use cairn_torch::{BackendConfig, Dtype, TorchBackend};
+
+use crate::common::{backend, direct_logprobs, max_abs_diff, random_ids, tiny_config, to_vec};
 
 fn prompts(seed: u64) -> Vec<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -62,6 +64,44 @@ fn greedy_is_deterministic_and_equals_stepwise_argmax_of_full_forwards() {
         assert_eq!(g.ids, ids[prompt.len()..].to_vec());
         assert!(max_abs_diff(&g.logprobs, &logprobs) <= 1e-5);
         assert_eq!(g.finish_reason, FinishReason::Length);
+    }
+}
+
+/// A bf16 generation pass multiplies by weights packed for oneDNN (where libtorch has its bf16
+/// kernels). Each id it picks greedily is an argmax of the plain forward on the same prefix,
+/// up to ties within the bound, and its reported log-prob is the plain forward's, within the
+/// same bound: packed weights that were stale, misordered or transposed would pick other ids.
+#[test]
+fn bf16_greedy_generation_follows_the_plain_forward() {
+    let mut config = BackendConfig::random(tiny_config(), 13);
+    config.dtype = Some(Dtype::Bf16);
+    let mut backend = TorchBackend::new(&config).unwrap();
+    let prompts = prompts(3);
+    let generated = backend
+        .generate(&prompts, &params(0.0, 8, vec![], 0))
+        .unwrap();
+    let bound = 5e-2;
+    for (r, (prompt, g)) in prompts.iter().zip(&generated).enumerate() {
+        let mut ids = prompt.clone();
+        for (j, (&id, &logprob)) in g.ids.iter().zip(&g.logprobs).enumerate() {
+            let logits = backend.policy().forward_ids(&ids).unwrap().squeeze_dim(0);
+            let plain = logits
+                .get(ids.len() as i64 - 1)
+                .log_softmax(-1, Kind::Float);
+            let best = plain.max().double_value(&[]);
+            let chosen = plain.double_value(&[i64::from(id)]);
+            assert!(
+                best - chosen <= bound,
+                "row {r} step {j}: id {id} is {} below the argmax",
+                best - chosen
+            );
+            assert!(
+                (f64::from(logprob) - chosen).abs() <= bound,
+                "row {r} step {j}: reported {logprob}, plain {chosen}"
+            );
+            ids.push(id);
+        }
+        assert_eq!(g.ids.len(), 8);
     }
 }
 
