@@ -5,8 +5,10 @@ of the same weights, in alternated rounds.
 
 - Cairn: `target/release/examples/decode_step MODEL bf16 1 STEPS 1 THREADS` (build it with
   `cargo build --release -p cairn-torch --example decode_step`): a 38-token prompt, then STEPS
-  greedy decode steps with the packed bf16 weights (the path every bf16 generation pass on the
-  CPU takes), their mean time; the plain (`F.linear`) step of the same process is reported too.
+  greedy decode steps through `CausalLm::decode_row`, the one-row step written out in Rust
+  (the path a bf16 generation pass on the CPU takes while one row is left), their mean time;
+  the libtorch steps of the same process, with packed (oneDNN) and plain (`F.linear`)
+  projections, are reported too.
 - llama.cpp (llama-cpp-python 0.3.36, scripts/bench/requirements.txt): the BF16 GGUF that
   scripts/bench/smollm2_gguf.py writes from the Q4_1 file the model directory was imported from
   (both round the same f32 values to nearest even), a 38-token prompt, then STEPS decode calls
@@ -32,16 +34,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def cairn_step_ms(model, steps, threads):
-    """(packed, plain) mean decode step of one decode_step run, in ms."""
+    """(row, packed, plain) mean decode step of one decode_step run, in ms (packed: NaN where
+    libtorch's oneDNN has no bf16 kernels for this CPU and nothing is packed)."""
     binary = os.path.join(ROOT, "target", "release", "examples", "decode_step")
     if not os.path.isfile(binary):
         sys.exit("batch1: build it first: cargo build --release -p cairn-torch --example decode_step")
     out = subprocess.run([binary, model, "bf16", "1", str(steps), "1", str(threads)],
                          capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"round 0 +(\w+): prefill [\d.]+ ms, decode step ([\d.]+) ms", out))
-    if "packed" not in found:
-        sys.exit(f"batch1: no packed path on this machine (decode_step said: {out.strip()})")
-    return float(found["packed"]), float(found["plain"])
+    if "row" not in found:
+        sys.exit(f"batch1: no one-row step on this machine (decode_step said: {out.strip()})")
+    return float(found["row"]), float(found.get("packed", "nan")), float(found["plain"])
 
 
 class LlamaCpp:
@@ -118,14 +121,14 @@ def main():
         got = {}
         for side in order:
             got[side] = cairn_step_ms(args.model, args.steps, args.threads) if side == "cairn" else llama.step_ms()
-        packed, plain = got["cairn"]
-        rows.append((packed, plain, got["llama"]))
-        print(f"round {r}: cairn packed {packed:.2f} ms (plain {plain:.2f}), llama.cpp {got['llama']:.2f} ms, "
-              f"llama.cpp / cairn {got['llama'] / packed:.2f}x", flush=True)
+        row, packed, plain = got["cairn"]
+        rows.append((row, packed, plain, got["llama"]))
+        print(f"round {r}: cairn row {row:.2f} ms (packed {packed:.2f}, plain {plain:.2f}), "
+              f"llama.cpp {got['llama']:.2f} ms, llama.cpp / cairn {got['llama'] / row:.2f}x", flush=True)
     med = lambda i: statistics.median(row[i] for row in rows)
-    ratio = statistics.median(row[2] / row[0] for row in rows)
-    print(f"median: cairn packed {med(0):.2f} ms, plain {med(1):.2f} ms, llama.cpp {med(2):.2f} ms a token; "
-          f"llama.cpp / cairn {ratio:.2f}x (above 1: Cairn is faster)")
+    ratio = statistics.median(row[3] / row[0] for row in rows)
+    print(f"median: cairn row {med(0):.2f} ms, packed {med(1):.2f} ms, plain {med(2):.2f} ms, "
+          f"llama.cpp {med(3):.2f} ms a token; llama.cpp / cairn row {ratio:.2f}x (above 1: Cairn is faster)")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 //! Time of one decode step (and of the prefill) on a HF model directory, with the projections
-//! plain (`F.linear`) and packed for oneDNN ([`cairn_torch::model::packed`]), alternated in
-//! one process so both see the same machine.
+//! plain (`F.linear`), packed for oneDNN ([`cairn_torch::model::packed`]) and, at one row, the
+//! step written out in Rust ([`CausalLm::decode_row`]), alternated in one process so all see
+//! the same machine.
 //!
 //! ```text
 //! decode_step MODEL_DIR DTYPE BATCH [STEPS [ROUNDS [THREADS]]]
 //! ```
 //!
-//! `DTYPE` is `bf16` or `f32` (f32 has no packed path: the packed rows are then skipped).
-//! Each round prefills `BATCH` prompts of 38 seeded random ids into a fresh KV cache, then
-//! runs `STEPS` decode steps (hidden states and the LM head; the next ids are the argmax) for
-//! each variant. Prints one line per round and variant and, last, the median step time of
-//! each and their ratio (plain over packed: above 1, packing is faster).
+//! `DTYPE` is `bf16` or `f32` (f32 has no packed path: the packed rows are then skipped; the
+//! `row` variant runs at `BATCH` 1 in bf16 on a CPU with AVX2 and FMA). Each round prefills
+//! `BATCH` prompts of 38 seeded random ids into a fresh KV cache (packed where there is a
+//! pack), then runs `STEPS` decode steps (hidden states and the LM head; the next ids are the
+//! argmax) for each variant, in an order rotated per round. Prints one line per round and
+//! variant and, last, the median step time of each and its ratio to `packed` (to `plain`
+//! where nothing is packed; above 1, the variant is slower).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -53,14 +56,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let prompt = Tensor::from_slice(&prompt).view([batch, 38]);
     let mut times: Vec<(&str, f64, f64)> = Vec::new();
+    let mut names = vec!["plain"];
+    if packed.is_some() {
+        names.push("packed");
+    }
+    if batch == 1 && dtype == Dtype::Bf16 {
+        names.push("row");
+    }
     for round in 0..rounds {
-        let variants: Vec<(&str, Option<&PackedWeights>)> = match packed {
-            Some(p) if round % 2 == 0 => vec![("plain", None), ("packed", Some(p))],
-            Some(p) => vec![("packed", Some(p)), ("plain", None)],
-            None => vec![("plain", None)],
-        };
-        for (name, p) in variants {
-            let (prefill_s, step_s) = run(&model, &prompt, steps, p)?;
+        let mut order = names.clone();
+        order.rotate_left(round % names.len());
+        for name in order {
+            let p = if name == "plain" { None } else { packed };
+            let (prefill_s, step_s) = run(&model, &prompt, steps, p, name == "row")?;
+            if step_s.is_nan() {
+                println!("round {round} {name:>6}: the one-row step does not apply here");
+                continue;
+            }
             println!(
                 "round {round} {name:>6}: prefill {:.1} ms, decode step {:.2} ms",
                 prefill_s * 1e3,
@@ -74,32 +86,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied()
     };
-    if let (Some(plain), Some(fast)) = (median("plain", |t| t.2), median("packed", |t| t.2)) {
+    let reference_name = if packed.is_some() { "packed" } else { "plain" };
+    let reference = median(reference_name, |t| t.2);
+    for name in &names {
+        let (Some(step), Some(prefill)) = (median(name, |t| t.2), median(name, |t| t.1)) else {
+            continue;
+        };
+        let ratio = reference.map_or(String::new(), |r| {
+            format!(", {:.2}x {reference_name}", step / r)
+        });
         println!(
-            "median decode step: plain {:.2} ms, packed {:.2} ms, plain/packed {:.2}x",
-            plain * 1e3,
-            fast * 1e3,
-            plain / fast
-        );
-    }
-    if let (Some(plain), Some(fast)) = (median("plain", |t| t.1), median("packed", |t| t.1)) {
-        println!(
-            "median prefill: plain {:.1} ms, packed {:.1} ms, plain/packed {:.2}x",
-            plain * 1e3,
-            fast * 1e3,
-            plain / fast
+            "median {name:>6}: decode step {:.2} ms{ratio}, prefill {:.1} ms",
+            step * 1e3,
+            prefill * 1e3
         );
     }
     Ok(())
 }
 
-/// Prefills `prompt` `[B, 38]` and runs `steps` greedy decode steps; returns the prefill time
-/// and the mean decode step time, in seconds.
+/// Prefills `prompt` `[B, 38]` and runs `steps` greedy decode steps (through
+/// [`CausalLm::decode_row`] when `row`); returns the prefill time and the mean decode step
+/// time, in seconds (NaN when the one-row step does not apply).
 fn run(
     model: &CausalLm,
     prompt: &Tensor,
     steps: i64,
     packed: Option<&PackedWeights>,
+    row: bool,
 ) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let (b, t) = (prompt.size()[0], prompt.size()[1]);
     let mut cache = KvCache::new(
@@ -123,6 +136,15 @@ fn run(
     for s in 0..steps {
         let pos = Tensor::full([b, 1], t + s, (Kind::Int64, Device::Cpu));
         let valid = Tensor::ones([b, t + s + 1], (Kind::Bool, Device::Cpu));
+        if row {
+            let Some(logits) =
+                model.decode_row(next.int64_value(&[0, 0]), t + s, &valid, &mut cache)?
+            else {
+                return Ok((prefill, f64::NAN));
+            };
+            next = logits.argmax(-1, true);
+            continue;
+        }
         let hidden = model.hidden_states_with(&next, &pos, &valid, Some(&mut cache), packed)?;
         next = model.logits_with(&hidden, packed).argmax(-1, false);
     }

@@ -30,7 +30,9 @@
 //! global RNG is never used.
 //!
 //! **Speed.** A pass of a bf16 model on the CPU multiplies by weights packed for oneDNN,
-//! kept by the model while its weights stay the same ([`crate::model::packed`]).
+//! kept by the model while its weights stay the same ([`crate::model::packed`]); while one
+//! row is left, its decode steps run in Rust over the weights in place
+//! ([`CausalLm::decode_row`]).
 
 use std::cmp::Ordering;
 
@@ -452,24 +454,42 @@ impl<'a, 's> Session<'a, 's> {
         };
         let device = self.model.device();
         let n = self.rows.len() as i64;
-        let input = Tensor::from_slice(&self.rows.iter().map(|r| r.next).collect::<Vec<_>>())
-            .to_device(device)
-            .view([n, 1]);
-        let position = Tensor::from_slice(&self.rows.iter().map(|r| r.pos).collect::<Vec<_>>())
-            .to_device(device)
-            .view([n, 1]);
         let valid = key_valid
             .narrow(0, 0, n)
             .narrow(1, 0, cache.len() as i64 + 1);
         let packed = self.packed.weights();
-        let hidden =
-            self.model
-                .hidden_states_with(&input, &position, &valid, Some(cache), packed)?;
-        self.logits = Some(
-            self.model
-                .logits_with(&hidden.squeeze_dim(1), packed)
-                .to_kind(Kind::Float),
-        );
+        let mut logits = None;
+        if n == 1 {
+            // One row left: the step written out in Rust where it applies (bf16 on an AVX2
+            // CPU; `CausalLm::decode_row` declines anything else).
+            logits = self
+                .model
+                .decode_row(self.rows[0].next, self.rows[0].pos, &valid, cache)?;
+        }
+        let logits = match logits {
+            Some(logits) => logits,
+            None => {
+                let input =
+                    Tensor::from_slice(&self.rows.iter().map(|r| r.next).collect::<Vec<_>>())
+                        .to_device(device)
+                        .view([n, 1]);
+                let position =
+                    Tensor::from_slice(&self.rows.iter().map(|r| r.pos).collect::<Vec<_>>())
+                        .to_device(device)
+                        .view([n, 1]);
+                let hidden = self.model.hidden_states_with(
+                    &input,
+                    &position,
+                    &valid,
+                    Some(cache),
+                    packed,
+                )?;
+                self.model
+                    .logits_with(&hidden.squeeze_dim(1), packed)
+                    .to_kind(Kind::Float)
+            }
+        };
+        self.logits = Some(logits);
         for r in &mut self.rows {
             r.pos += 1;
         }

@@ -304,6 +304,115 @@ impl CausalLm {
         self.packed.get(&self.layers, &self.lm_head)
     }
 
+    /// One decode step of a single sequence, bf16 on the CPU, without libtorch: logits
+    /// `[1, V]` (f32 holding bf16 values, as `logits(..).to_kind(Float)` gives) for token `id`
+    /// at RoPE position `position`, with `key_valid` `[1, len + 1]` over the cache's columns;
+    /// this token's keys and values are written at column `len` and the cache advances by one,
+    /// as a one-token [`CausalLm::hidden_states`] does. Same values as the libtorch step up to
+    /// the order of each f32 sum (see [`crate::model::row_decode`]).
+    ///
+    /// `Ok(None)`, with nothing written, where the path does not apply: a cache of several
+    /// rows, f32 or CUDA weights, non-contiguous weights, a CPU without AVX2 and FMA. The
+    /// caller then runs the libtorch step.
+    ///
+    /// # Errors
+    /// `id` outside the vocabulary, or `key_valid` of another width than `len + 1`.
+    pub fn decode_row(
+        &self,
+        id: i64,
+        position: i64,
+        key_valid: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Option<Tensor>> {
+        let vocab = self.config.vocab_size;
+        let Some(token) = usize::try_from(id).ok().filter(|&t| t < vocab) else {
+            return Err(Error::input(
+                "decode_row",
+                format!("token id {id} is outside the vocabulary of {vocab}"),
+            ));
+        };
+        let width = cache.len() + 1;
+        if key_valid.numel() != width {
+            return Err(Error::input(
+                "decode_row",
+                format!(
+                    "key_valid covers {} positions, expected cache {} + 1",
+                    key_valid.numel(),
+                    cache.len()
+                ),
+            ));
+        }
+        if cache.rows() != 1 || !super::row_decode::available() {
+            return Ok(None);
+        }
+        let Some(model) = self.row_model() else {
+            return Ok(None);
+        };
+        let valid: Vec<bool> = Vec::try_from(key_valid.reshape([-1]).to_device(Device::Cpu))?;
+        let Some(logits) = model.step(token, position, &valid, cache) else {
+            return Ok(None);
+        };
+        cache.advance(1);
+        let v = logits.len() as i64;
+        Ok(Some(Tensor::from_slice(&logits).view([1, v])))
+    }
+
+    /// The weights as bf16 slices for [`CausalLm::decode_row`], or `None` unless every one is
+    /// a contiguous bf16 CPU tensor of its config's shape.
+    fn row_model(&self) -> Option<super::row_decode::RowModel<'_>> {
+        use super::row_decode::{bf16_slice, Proj, RowLayer, RowModel};
+        let c = &self.config;
+        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
+        fn norm(n: &RmsNorm, len: usize) -> Option<&[u16]> {
+            bf16_slice(&n.weight).filter(|w| w.len() == len)
+        }
+        fn proj(l: &Linear, cols: usize, rows: usize) -> Option<Proj<'_>> {
+            Proj::of(l, cols).filter(|p| p.rows == rows)
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (a, m) = (&layer.self_attn, &layer.mlp);
+            layers.push(RowLayer {
+                input_norm: norm(&layer.input_layernorm, h)?,
+                qkv: [
+                    proj(&a.q_proj, h, hq * d)?,
+                    proj(&a.k_proj, h, hkv * d)?,
+                    proj(&a.v_proj, h, hkv * d)?,
+                ],
+                q_norm: match &a.q_norm {
+                    Some(n) => Some(norm(n, d)?),
+                    None => None,
+                },
+                k_norm: match &a.k_norm {
+                    Some(n) => Some(norm(n, d)?),
+                    None => None,
+                },
+                o: proj(&a.o_proj, hq * d, h)?,
+                post_norm: norm(&layer.post_attention_layernorm, h)?,
+                gate_up: [proj(&m.gate_proj, h, inter)?, proj(&m.up_proj, h, inter)?],
+                down: proj(&m.down_proj, inter, h)?,
+            });
+        }
+        let inv_freq = self.rotary.inv_freq();
+        if inv_freq.len() != d / 2 {
+            return None;
+        }
+        Some(RowModel {
+            embed: bf16_slice(&self.embed_tokens).filter(|e| e.len() == c.vocab_size * h)?,
+            layers,
+            norm: norm(&self.norm, h)?,
+            lm_head: proj(&self.lm_head, h, c.vocab_size)?,
+            inv_freq,
+            hidden: h,
+            heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            intermediate: inter,
+            eps: c.rms_norm_eps,
+        })
+    }
+
     /// Logits `[B, T, V]`, cast to f32, for every position; see [`CausalLm::hidden_states`].
     pub fn forward(
         &self,

@@ -3,7 +3,8 @@
 //! One concept per file, after candle-nn: [`config`] (HF `config.json`), [`linear`],
 //! [`rms_norm`], [`rotary`] (RoPE), [`mask`] (padding-aware causal masks), [`attention`]
 //! (GQA), [`mlp`] (SwiGLU), [`kv_cache`], [`init`] (seeded fresh weights), [`packed`] (bf16
-//! projections through oneDNN with weights packed once per generation pass) and [`decoder`]
+//! projections through oneDNN with weights packed once per generation pass), `row_decode` (a
+//! one-row bf16 decode step on the CPU written out in Rust) and [`decoder`]
 //! ([`CausalLm`], the model). Numerics follow transformers op for op, so log-probs match
 //! `AutoModelForCausalLM` to float tolerance. Without grad (sampling, scoring, the gateway)
 //! [`CausalLm::hidden_states`] takes a leaner path: RoPE tables shaped once, SDPA's own GQA
@@ -23,6 +24,7 @@ pub mod mlp;
 pub mod packed;
 pub mod rms_norm;
 pub mod rotary;
+pub(crate) mod row_decode;
 
 pub use config::{Dtype, ModelConfig, ModelType, RopeScaling};
 pub use decoder::CausalLm;

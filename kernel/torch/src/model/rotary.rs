@@ -43,6 +43,11 @@ impl RotaryEmbedding {
         RotaryEmbedding { inv_freq }
     }
 
+    /// The inverse frequencies `[D/2]` (scaling applied), as f32 values.
+    pub(crate) fn inv_freq(&self) -> Vec<f32> {
+        Vec::try_from(&self.inv_freq.to_device(tch::Device::Cpu)).unwrap_or_default()
+    }
+
     /// `(cos, sin)`, each `[B, T, D]` in `kind`, for positions `[B, T]` (int64).
     pub fn cos_sin(&self, position_ids: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let freqs = position_ids.unsqueeze(-1).to_kind(Kind::Float) * &self.inv_freq;

@@ -10,7 +10,7 @@ use cairn_kernel::text::{RenderOptions, Tokenizer};
 use cairn_plugin_sdk::FinishReason;
 use cairn_torch::model::{ModelType, RopeScaling};
 use cairn_torch::{CausalLm, Dtype};
-use tch::Device;
+use tch::{Device, Kind};
 
 use crate::forward::cached_logprobs;
 use crate::reference::{
@@ -106,20 +106,49 @@ fn greedy_generation_matches_transformers_for_32_tokens() {
             stop_ids: vec![],
             seed: 0,
         };
-        let got = fixture
-            .backend(device)
-            .generate(&greedy.prompts, &params)
-            .unwrap();
+        let mut backend = fixture.backend(device);
+        let got = backend.generate(&greedy.prompts, &params).unwrap();
+        let mut worst = 0f32;
         for (row, (g, want)) in got.iter().zip(&greedy.ids).enumerate() {
-            assert_eq!(
-                &g.ids, want,
-                "{} on {device:?}, row {row}: greedy ids differ from transformers",
-                fixture.name
-            );
             assert_eq!(g.finish_reason, FinishReason::Length);
+            let agree = g.ids.iter().zip(want).take_while(|(a, b)| a == b).count();
+            if agree < want.len() {
+                // In bf16, libtorch's kernels sum in another order on another CPU class (and
+                // Cairn's one-row decode step in its own), so greedy decoding may part from
+                // transformers' at a near-tie, and only there: Cairn's own log-probs of the two
+                // ids at the first difference must be within the bf16 bound. f32 must agree.
+                let what = format!("{} on {device:?}, row {row}", fixture.name);
+                assert_eq!(
+                    fixture.tolerance(),
+                    crate::reference::BF16_TOLERANCE,
+                    "{what}: greedy ids differ from transformers at step {agree}"
+                );
+                let mut ids = greedy.prompts[row].clone();
+                ids.extend(&want[..agree]);
+                let logits = backend.policy().forward_ids(&ids).unwrap();
+                let logp = logits
+                    .get(0)
+                    .get(ids.len() as i64 - 1)
+                    .log_softmax(-1, Kind::Float);
+                let (ours, theirs) = (g.ids[agree], want[agree]);
+                let gap =
+                    logp.double_value(&[i64::from(ours)]) - logp.double_value(&[i64::from(theirs)]);
+                eprintln!(
+                    "{what}: greedy ids part from transformers' at step {agree} ({ours} for \
+                     {theirs}, {gap:.3e} nats apart)"
+                );
+                assert!(
+                    gap.abs() <= f64::from(fixture.tolerance()),
+                    "{what}: greedy ids differ from transformers at step {agree}, not at a \
+                     near-tie ({ours} for {theirs}, {gap} nats apart)"
+                );
+            }
+            worst = worst.max(max_abs_diff(
+                &g.logprobs[..agree],
+                &greedy.logprobs[row][..agree],
+            ));
         }
-        let logprobs: Vec<Vec<f32>> = got.into_iter().map(|g| g.logprobs).collect();
-        max_abs_diff_rows(&logprobs, &greedy.logprobs)
+        worst
     });
 }
 

@@ -76,10 +76,19 @@ fn bf16_greedy_generation_follows_the_plain_forward() {
     let mut config = BackendConfig::random(tiny_config(), 13);
     config.dtype = Some(Dtype::Bf16);
     let mut backend = TorchBackend::new(&config).unwrap();
-    let prompts = prompts(3);
-    let generated = backend
+    // Three rows (the libtorch step), then one row alone (on an AVX2 CPU, the step written
+    // out in Rust, `CausalLm::decode_row`).
+    let mut prompts = prompts(3);
+    let mut generated = backend
         .generate(&prompts, &params(0.0, 8, vec![], 0))
         .unwrap();
+    let alone = vec![prompts[0][1..].to_vec()];
+    generated.extend(
+        backend
+            .generate(&alone, &params(0.0, 8, vec![], 0))
+            .unwrap(),
+    );
+    prompts.extend(alone);
     let bound = 5e-2;
     for (r, (prompt, g)) in prompts.iter().zip(&generated).enumerate() {
         let mut ids = prompt.clone();
