@@ -342,7 +342,7 @@ impl CausalLm {
                 ),
             ));
         }
-        if cache.rows() != 1 || !super::row_decode::available() {
+        if !super::row_decode::available() {
             return Ok(None);
         }
         let Some(model) = self.row_model() else {
@@ -358,12 +358,16 @@ impl CausalLm {
     }
 
     /// The weights as bf16 slices for [`CausalLm::decode_row`], or `None` unless every one is
-    /// a contiguous bf16 CPU tensor of its config's shape.
+    /// a contiguous bf16 CPU tensor of its config's shape and the heads fit the step (an even
+    /// `head_dim` of at most 512, query heads a multiple of key/value heads).
     fn row_model(&self) -> Option<super::row_decode::RowModel<'_>> {
         use super::row_decode::{bf16_slice, Proj, RowLayer, RowModel};
         let c = &self.config;
         let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
+        if d % 2 != 0 || d > 512 || hkv == 0 || hq % hkv != 0 {
+            return None;
+        }
         fn norm(n: &RmsNorm, len: usize) -> Option<&[u16]> {
             bf16_slice(&n.weight).filter(|w| w.len() == len)
         }

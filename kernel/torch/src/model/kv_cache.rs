@@ -242,18 +242,10 @@ impl KvCache {
     /// T_max, D]` row-major, for the one-row step of [`crate::model::row_decode`]; `None`
     /// unless the storage is contiguous bf16 on the CPU.
     pub(crate) fn bf16_layers_mut(&mut self) -> Option<Vec<(&mut [u16], &mut [u16])>> {
-        fn slice(t: &mut Tensor) -> Option<&mut [u16]> {
-            if t.kind() != Kind::BFloat16 || t.device() != Device::Cpu || !t.is_contiguous() {
-                return None;
-            }
-            // SAFETY: a contiguous bf16 CPU tensor holds `numel` 2-byte elements at
-            // `data_ptr`; the cache owns its storage (no view of it outlives a forward), and
-            // the `&mut` borrow keeps every other access out while the slice lives.
-            Some(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut u16, t.numel()) })
-        }
+        use super::row_decode::bf16_slice_mut;
         self.layers
             .iter_mut()
-            .map(|(k, v)| Some((slice(k)?, slice(v)?)))
+            .map(|(k, v)| Some((bf16_slice_mut(k)?, bf16_slice_mut(v)?)))
             .collect()
     }
 

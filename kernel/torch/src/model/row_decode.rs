@@ -132,9 +132,14 @@ fn omp() -> Option<&'static Omp> {
     .as_ref()
 }
 
+/// Whether `t`'s elements lie as `numel` consecutive bf16 values in CPU memory.
+fn bf16_in_place(t: &Tensor) -> bool {
+    t.kind() == Kind::BFloat16 && t.device() == Device::Cpu && t.is_contiguous()
+}
+
 /// A contiguous bf16 CPU tensor's elements, borrowed for as long as the tensor.
 pub(crate) fn bf16_slice(t: &Tensor) -> Option<&[u16]> {
-    if t.kind() != Kind::BFloat16 || t.device() != Device::Cpu || !t.is_contiguous() {
+    if !bf16_in_place(t) {
         return None;
     }
     let n = t.numel();
@@ -142,9 +147,23 @@ pub(crate) fn bf16_slice(t: &Tensor) -> Option<&[u16]> {
         return Some(&[]);
     }
     // SAFETY: a contiguous bf16 CPU tensor holds `numel` consecutive 2-byte elements at
-    // `data_ptr`, alive as long as the tensor; nothing writes the weights during a generation
-    // pass (the caller holds the model's pack for the pass).
+    // `data_ptr`, alive as long as the tensor; nothing writes the weights during a step (the
+    // model is borrowed for it, and Cairn's policy actor owns the model).
     Some(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u16, n) })
+}
+
+/// [`bf16_slice`], mutable: for storage the caller owns outright (the KV cache).
+pub(crate) fn bf16_slice_mut(t: &mut Tensor) -> Option<&mut [u16]> {
+    if !bf16_in_place(t) {
+        return None;
+    }
+    let n = t.numel();
+    if n == 0 {
+        return Some(&mut []);
+    }
+    // SAFETY: as in `bf16_slice`; the `&mut` borrow keeps every other access out while the
+    // slice lives.
+    Some(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut u16, n) })
 }
 
 /// A projection `[out, in]` (bf16, row-major) with its optional bias `[out]`.
@@ -458,10 +477,11 @@ pub(crate) struct RowModel<'a> {
 }
 
 impl RowModel<'_> {
-    /// Logits `[V]` (bf16 values, as f32) of token `id` at RoPE `position`, attending over
-    /// the cache's row 0 at columns where `valid` (`[len + 1]`, the new column last); writes
-    /// this token's keys and values at column `len` of every layer. The caller advances the
-    /// cache. `None` when the cache does not fit a one-row bf16 step.
+    /// Logits `[V]` (bf16 values, as f32) of token `id` (in the vocabulary) at RoPE
+    /// `position`, attending over the cache's row 0 at columns where `valid` (`[len + 1]`, the
+    /// new column last; [`CausalLm::decode_row`](crate::model::CausalLm::decode_row) checks
+    /// both); writes this token's keys and values at column `len` of every layer. The caller
+    /// advances the cache. `None` when the cache does not fit a one-row bf16 step.
     ///
     /// Every thread of the pool runs the whole step (see [`Team`]): the cheap parts (norms,
     /// RoPE, residual sums) redundantly, each on its own copy, and its share of each product's
@@ -473,19 +493,10 @@ impl RowModel<'_> {
         valid: &[bool],
         cache: &mut super::kv_cache::KvCache,
     ) -> Option<Vec<f32>> {
-        let (h, d) = (self.hidden, self.head_dim);
-        let (hq, hkv) = (self.heads, self.kv_heads);
+        let (d, hkv) = (self.head_dim, self.kv_heads);
         let len = cache.len();
         let t_max = cache.max_len();
-        if cache.rows() != 1
-            || valid.len() != len + 1
-            || len + 1 > t_max
-            || id >= self.embed.len() / h
-            || d % 2 != 0
-            || d > 512
-            || hkv == 0
-            || hq % hkv != 0
-        {
+        if cache.rows() != 1 || len + 1 > t_max {
             return None;
         }
         let layers = cache.bf16_layers_mut()?;

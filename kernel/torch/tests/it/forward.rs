@@ -161,19 +161,26 @@ fn check_kv_cache(model: &CausalLm) {
     }
 }
 
+/// Three prompts of 9, 2 and 6 random ids (left padding in a batch) and a continuation of 5
+/// for each, from `seed`.
+fn three_prompts_and_continuations(seed: u64) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let prompts = vec![
+        random_ids(&mut rng, 9),
+        random_ids(&mut rng, 2),
+        random_ids(&mut rng, 6),
+    ];
+    let continuations = (0..3).map(|_| random_ids(&mut rng, 5)).collect();
+    (prompts, continuations)
+}
+
 /// Sampling and scoring run without grad and take the lean inference path; training takes
 /// the op-by-op path. Their values must agree to the last bit, or rollout log-probs would
 /// drift from the ones the trainer recomputes, and the main job would stop reproducing. Every
 /// layout, f32 and bf16, prefill over left padding and cached decode steps, under GQA.
 #[test]
 fn the_inference_forward_equals_the_training_forward_bit_for_bit() {
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let prompts = vec![
-        random_ids(&mut rng, 9),
-        random_ids(&mut rng, 2),
-        random_ids(&mut rng, 6),
-    ];
-    let continuations: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 5)).collect();
+    let (prompts, continuations) = three_prompts_and_continuations(5);
     for dtype in [Dtype::F32, Dtype::Bf16] {
         for config in all_layouts() {
             assert!(config.num_attention_heads > config.num_key_value_heads);
@@ -205,13 +212,7 @@ fn the_inference_forward_equals_the_training_forward_bit_for_bit() {
 /// whole nats.
 #[test]
 fn packed_projections_give_the_plain_forwards_logprobs() {
-    let mut rng = ChaCha8Rng::seed_from_u64(6);
-    let prompts = vec![
-        random_ids(&mut rng, 9),
-        random_ids(&mut rng, 2),
-        random_ids(&mut rng, 6),
-    ];
-    let continuations: Vec<Vec<u32>> = (0..3).map(|_| random_ids(&mut rng, 5)).collect();
+    let (prompts, continuations) = three_prompts_and_continuations(6);
     for config in all_layouts() {
         let f32_model = CausalLm::random(&config, Device::Cpu, Dtype::F32, 3).unwrap();
         assert!(
