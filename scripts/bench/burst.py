@@ -205,14 +205,20 @@ def load(url, prompts, new, gap_s, seeded=True):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--build", action="append", required=True, help="LABEL=BINARY")
-    ap.add_argument("--dtype", default="bf16")
+    class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        """The module docstring as written, and each option's default."""
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
+    ap.add_argument("--model", required=True,
+                    help="a Hugging Face model directory (scripts/smollm2.sh imports SmolLM2)")
+    ap.add_argument("--build", action="append", required=True,
+                    help="LABEL=BINARY, a `cairn` executable; repeat for each build")
+    ap.add_argument("--dtype", default="bf16", help="the weights' dtype (bf16, f32)")
     ap.add_argument("--batch", default="8x64,64x32", help="N x new tokens, comma-separated")
-    ap.add_argument("--gap-ms", type=float, default=150.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="target/bench/burst")
+    ap.add_argument("--gap-ms", type=float, default=150.0,
+                    help="the gap between a stagger's requests, in ms")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each build once per round")
+    ap.add_argument("--out", default="target/bench/burst", help="where results are written")
     ap.add_argument("--no-seed", action="store_true",
                     help="send no per-request seed (builds before 295f37c batch only requests "
                          "of one seed)")

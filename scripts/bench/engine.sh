@@ -40,16 +40,16 @@ eval_every=""
 serve=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
+        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
+        --rounds) rounds="${2:?$1 needs a value}"; shift 2 ;;
         --vllm) vllm=1; shift ;;
-        --config) config="$2"; shift 2 ;;
-        --max-model-len) max_model_len="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
+        --config) config="${2:?$1 needs a value}"; shift 2 ;;
+        --max-model-len) max_model_len="${2:?$1 needs a value}"; shift 2 ;;
+        --out) out="${2:?$1 needs a value}"; shift 2 ;;
         --no-build) build=0; shift ;;
         --cairn) cairn="$2"; build=0; shift 2 ;;
-        --eval-tasks) eval_tasks="$2"; shift 2 ;;
-        --eval-every) eval_every="$2"; shift 2 ;;
+        --eval-tasks) eval_tasks="${2:?$1 needs a value}"; shift 2 ;;
+        --eval-every) eval_every="${2:?$1 needs a value}"; shift 2 ;;
         --no-serve) serve=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -129,6 +129,7 @@ EOF
     echo "$cfg"
 }
 
+failed=0
 for round in $(seq 1 "$rounds"); do
     order=$variants
     if (( round % 2 == 0 )); then order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' '); fi
@@ -139,7 +140,8 @@ for round in $(seq 1 "$rounds"); do
         echo "round $round: $v" >&2
         start=$(date +%s.%N)
         "$cairn" train "$cfg" < /dev/null > "$out/$v-r$round.out" 2> "$out/$v-r$round.err" \
-            || { echo "$v round $round failed; see $out/$v-r$round.err" >&2; continue; }
+            || { echo "$v round $round failed; see $out/$v-r$round.err" >&2
+                 failed=$((failed + 1)); continue; }
         python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" \
             "$start" "$(date +%s.%N)" > "$out/$v-r$round.wall"
     done
@@ -169,3 +171,7 @@ for r in range(1, rounds + 1):
         wall = (out / f"{v}-r{r}.wall").read_text().strip()
         print(f"| {v} | {r} | {step:.2f} | {roll:.2f} | {mism:.2e} | {probe:.2e} | {succ} | {wall} |")
 EOF
+if (( failed > 0 )); then
+    echo "$failed run(s) failed; the table marks them" >&2
+    exit 1
+fi

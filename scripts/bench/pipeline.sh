@@ -35,13 +35,13 @@ build=1
 summary_only=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        --start-round) start_round="$2"; shift 2 ;;
-        --variants) variants="$2"; shift 2 ;;
+        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
+        --rounds) rounds="${2:?$1 needs a value}"; shift 2 ;;
+        --start-round) start_round="${2:?$1 needs a value}"; shift 2 ;;
+        --variants) variants="${2:?$1 needs a value}"; shift 2 ;;
         --full) full=1; shift ;;
-        --full-variants) full=1; full_variants="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
+        --full-variants) full=1; full_variants="${2:?$1 needs a value}"; shift 2 ;;
+        --out) out="${2:?$1 needs a value}"; shift 2 ;;
         --no-build) build=0; shift ;;
         --summary-only) summary_only=1; build=0; shift ;;
         -h|--help) sed -n '2,23p' "$0"; exit 0 ;;

@@ -21,11 +21,11 @@ out=target/bench/pool
 run=
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="$2"; shift 2 ;;
-        --rows) rows="$2"; shift 2 ;;
-        --profile) profile="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
-        --run) run="$2"; shift 2 ;;
+        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
+        --rows) rows="${2:?$1 needs a value}"; shift 2 ;;
+        --profile) profile="${2:?$1 needs a value}"; shift 2 ;;
+        --out) out="${2:?$1 needs a value}"; shift 2 ;;
+        --run) run="${2:?$1 needs a value}"; shift 2 ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done

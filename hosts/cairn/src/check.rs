@@ -3,9 +3,10 @@
 //! It parses and validates the config (every key, ranges, combinations), loads the plugins and
 //! creates them with their config sections, checks each stack member's declared needs
 //! (`Requirements`) against the environment, the rollout settings and the training host, and
-//! builds the algorithm stack; it checks the model settings too. It builds no model, trains no
-//! tokenizer and writes nothing, so it answers in well under a second. Each error names the
-//! file, the line and the fix (the same errors `cairn train` would stop with).
+//! builds the algorithm stack; it checks the model settings too, and that an engine's launch
+//! program exists (the engine itself is contacted only by `cairn train`). It builds no model,
+//! trains no tokenizer and writes nothing, so it answers in well under a second. Each error
+//! names the file, the line and the fix (the same errors `cairn train` would stop with).
 
 use std::path::Path;
 
@@ -44,6 +45,22 @@ pub fn check(path: &Path) -> Result<()> {
         "  model        {model}, device {}, dtype {}",
         config.model.device, config.model.dtype
     );
+    if let Some(engine) = &config.rollout.engine {
+        let at = match &engine.launch {
+            Some(launch) => format!(
+                "launched: {} (waits up to {} s for /health)",
+                crate::engine::launch_program(launch)?.display(),
+                launch.startup_timeout_s
+            ),
+            None => engine.base_urls.join(", "),
+        };
+        println!(
+            "  engine       {} at {at}; probe tolerance {} nats/token (checked when training \
+             starts)",
+            engine.kind.as_str(),
+            engine.probe_tolerance
+        );
+    }
     println!(
         "  run          {} ({} RL steps, seed {}, checkpoint every {})",
         config.run.dir.display(),

@@ -93,6 +93,7 @@ pub fn prepare(
     let mut urls = engine.base_urls.clone();
     let launched = match &engine.launch {
         Some(launch) => {
+            launch_program(launch)?;
             let dir = match engine.kind {
                 EngineKind::Vllm => weights_dir.clone(),
                 _ => weights_dir.join("launch"),
@@ -130,6 +131,50 @@ pub fn prepare(
         client,
         launched,
     }))
+}
+
+/// The program `launch.command` starts, found the way the launch will look for it: a name with a
+/// `/` as a path (relative to the working directory), any other on `PATH`.
+///
+/// # Errors
+/// The program is missing, is not a file, or is not executable; the error names
+/// `rollout.engine.launch.command` and the program.
+pub fn launch_program(launch: &LaunchConfig) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let program = launch
+        .command
+        .first()
+        .map(String::as_str)
+        .unwrap_or_default();
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        if executable(&path) {
+            return Ok(path);
+        }
+        bail!(
+            "rollout.engine.launch.command: the program `{program}` {}; give the path of the \
+             server's executable (vLLM: the python of its venv, with `-m \
+             vllm.entrypoints.openai.api_server`)",
+            if path.exists() {
+                "is not an executable file"
+            } else {
+                "does not exist"
+            }
+        );
+    }
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path_var)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+        .with_context(|| {
+            format!(
+                "rollout.engine.launch.command: the program `{program}` is not on PATH; give \
+                 its full path"
+            )
+        })
 }
 
 /// Every engine's `max_model_len` must be the trainer's context window.

@@ -5,7 +5,8 @@
 //! generation prompt appended; `/v1/completions` takes a string (tokenised as is, special
 //! tokens matched) or token ids. Every check fails with an [`ApiError`] naming the parameter:
 //! malformed JSON, an unknown model, `max_tokens < 1`, a prompt that does not fit the context
-//! window, unsupported options (`top_logprobs`, penalties, `logit_bias`, `best_of`, `echo`).
+//! window, unsupported options (`top_logprobs`, completions' `logprobs` above 1, penalties,
+//! `logit_bias`, `best_of`, `echo`).
 //! Unknown keys that change nothing (`user`, `metadata`, ...) are ignored, as vLLM does.
 //!
 //! vLLM's extensions that a rollout engine's client sends (docs/engine.md): `stop_token_ids`
@@ -138,7 +139,8 @@ struct ChatBody {
 
 #[derive(Deserialize)]
 struct CompletionBody {
-    prompt: Option<Prompt>,
+    /// Read as JSON first, so that a prompt of the wrong shape gets an error naming `prompt`.
+    prompt: Option<Json>,
     logprobs: Option<i64>,
     echo: Option<bool>,
     best_of: Option<i64>,
@@ -405,6 +407,15 @@ impl RequestSettings {
     ) -> Result<Job, ApiError> {
         let body: CompletionBody = parse_json(body)?;
         self.check_model(body.common.model.as_deref())?;
+        if let Some(k) = body.logprobs.filter(|k| !(0..=1).contains(k)) {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "logprobs {k} is not supported: the gateway reports the log-prob of each \
+                     sampled token only (send logprobs: 0 or 1)"
+                ),
+            ));
+        }
         if body.echo == Some(true) || body.best_of.is_some_and(|b| b > 1) || body.suffix.is_some() {
             return Err(ApiError::invalid(
                 "echo",
@@ -424,15 +435,26 @@ impl RequestSettings {
                 .collect()
         };
         let encode = |text: &str| format.tokenizer().encode(text).map_err(ApiError::from);
-        let (prompts, observation) = match body.prompt {
-            None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-            Some(Prompt::Text(t)) => (vec![encode(&t)?], t),
-            Some(Prompt::Texts(ts)) => (
+        let prompt = match body.prompt {
+            None | Some(Json::Null) => {
+                return Err(ApiError::invalid("prompt", "`prompt` is required"))
+            }
+            Some(json) => serde_json::from_value::<Prompt>(json).map_err(|_| {
+                ApiError::invalid(
+                    "prompt",
+                    "`prompt` must be a string, a list of strings, a list of token ids \
+                     (integers) or a list of such lists",
+                )
+            })?,
+        };
+        let (prompts, observation) = match prompt {
+            Prompt::Text(t) => (vec![encode(&t)?], t),
+            Prompt::Texts(ts) => (
                 ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
                 ts.last().cloned().unwrap_or_default(),
             ),
-            Some(Prompt::Ids(list)) => (vec![ids(list)?], String::new()),
-            Some(Prompt::IdLists(lists)) => (
+            Prompt::Ids(list) => (vec![ids(list)?], String::new()),
+            Prompt::IdLists(lists) => (
                 lists.into_iter().map(ids).collect::<Result<_, _>>()?,
                 String::new(),
             ),

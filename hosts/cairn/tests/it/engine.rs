@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::gateway::Gateway;
-use crate::{cairn, jsonl, stderr, tiny_config, write_config};
+use crate::{cairn, jsonl, stderr, stdout, tiny_config, write_config};
 
 fn bin() -> String {
     env!("CARGO_BIN_EXE_cairn").to_owned()
@@ -244,6 +244,52 @@ fn mismatched_or_missing_engines_are_refused_at_start_up() {
     assert!(
         err.contains("rollout.engine.launch.command") && err.contains("`{port}`"),
         "{err}"
+    );
+    // A launch program that does not exist: refused by `cairn check` and by `cairn train`
+    // before any weights are written, naming the key and the program.
+    let missing =
+        "kind = \"openai\"\nlaunch = { command = [\"/nonexistent/vllm\", \"--port\", \"{port}\"] }";
+    let err = with_engine(missing);
+    assert!(
+        err.contains("rollout.engine.launch.command")
+            && err.contains("`/nonexistent/vllm` does not exist"),
+        "{err}"
+    );
+    let cfg = write_config(
+        tmp.path(),
+        "missing.toml",
+        &format!("{}\n[rollout.engine]\n{missing}\n", tiny_config(&run, 1)),
+    );
+    let out = cairn(&["check", cfg.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("`/nonexistent/vllm` does not exist"),
+        "{}",
+        stderr(&out)
+    );
+    let on_path = missing.replace("/nonexistent/vllm", "no-such-engine-server");
+    let err = with_engine(&on_path);
+    assert!(
+        err.contains("`no-such-engine-server` is not on PATH"),
+        "{err}"
+    );
+    // `cairn check` on an engine config shows the engine, without contacting it.
+    let cfg = write_config(
+        tmp.path(),
+        "check.toml",
+        &format!(
+            "{}\n[rollout.engine]\nkind = \"openai\"\nbase_urls = [\"{closed}\"]\n",
+            tiny_config(&run, 1)
+        ),
+    );
+    let out = cairn(&["check", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "engine       openai at {closed}; probe tolerance 0.02"
+        )),
+        "{}",
+        stdout(&out)
     );
     // A launch command that exits at once: its output is shown.
     let err = with_engine(&format!(

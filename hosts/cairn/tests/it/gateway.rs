@@ -398,8 +398,9 @@ fn check_requests_in_flight_at_shutdown(summary: &Value) {
 }
 
 /// Malformed JSON, an unknown model, a prompt past the context window, a negative
-/// `max_tokens`, an unknown episode, a reward posted twice and clients that disconnect: each
-/// an OpenAI error (or a dropped stream), the server up, another episode untouched.
+/// `max_tokens`, options the gateway cannot honour (`logprobs: 5`, `top_logprobs: 5`), a prompt
+/// of the wrong shape, an unknown episode, a reward posted twice and clients that disconnect:
+/// each an OpenAI error (or a dropped stream), the server up, another episode untouched.
 #[test]
 fn gateway_bad_input_gets_openai_errors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -413,6 +414,7 @@ fn gateway_bad_input_gets_openai_errors() {
     assert_eq!(summary["context_window"], 400);
     assert_eq!(summary["reward_twice"], 409);
     assert_eq!(summary["steady_calls"], 2);
+    assert_eq!(summary["refused_options"], 4);
 }
 
 /// Streaming with the `openai` client (gateway_stream.py): chunks concatenate to the

@@ -108,6 +108,26 @@ def main():
                      "invalid_request_error")
         results["negative_max_tokens"] = e.status_code
 
+    # Options whose answer the gateway cannot give, and a prompt of the wrong shape: a 400
+    # that names the parameter, never a silently different answer.
+    refused = [
+        ("/v1/completions", {"prompt": "hi", "logprobs": 5}, "logprobs"),
+        ("/v1/chat/completions", {"messages": user, "logprobs": True, "top_logprobs": 5},
+         "top_logprobs"),
+        ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
+        ("/v1/completions", {"prompt": [1.5, 2]}, "prompt"),
+    ]
+    for path, extra, param in refused:
+        status, body = raw("POST", path, {"model": MODEL, "max_tokens": 2, **extra})
+        expect_error(f"{path} {extra}", status, body, 400, "invalid_request_error")
+        if body["error"].get("param") != param:
+            sys.exit(f"{path} {extra}: expected param {param}, got {body}")
+    status, body = raw("POST", "/v1/completions",
+                       {"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 1})
+    if status != 200 or len(body["choices"][0]["logprobs"]["token_logprobs"]) != 2:
+        sys.exit(f"completions with logprobs 1: {status} {body}")
+    results["refused_options"] = len(refused)
+
     status, body = raw("POST", "/episodes/no-such-episode/v1/chat/completions",
                        {"model": MODEL, "messages": user, "max_tokens": 2})
     expect_error("unknown episode", status, body, 404, "not_found_error", "episode_not_found")
