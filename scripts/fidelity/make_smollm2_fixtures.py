@@ -394,12 +394,14 @@ def references(imported: Path) -> dict[str, dict]:
 
 
 # libtorch's CPU kernels round differently on each CPU class (MKL picks its branch by vendor,
-# ATen its kernels by ISA; kernel/torch/src/cpu.rs), so the log-probs are kept per class.
+# ATen its kernels by ISA, oneDNN its bf16 products by AMX; kernel/torch/src/cpu.rs), so the
+# log-probs are kept per class.
 PER_CLASS = {"logprobs.json"}
 
 
 def cpu_class() -> str:
-    """This machine's class as `cairn_torch::CpuClass::name` spells it: `intel-avx512`, ..."""
+    """This machine's class as `cairn_torch::CpuClass::bf16_name` spells it (the log-probs file
+    holds bf16 values): `intel-avx512`, `intel-avx512-amx`, ..."""
     info = Path("/proc/cpuinfo").read_text()
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M)
     flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split())
@@ -410,7 +412,7 @@ def cpu_class() -> str:
         aten = "avx2"
     else:
         aten = "default"
-    return f"{mkl}-{aten}"
+    return f"{mkl}-{aten}" + ("-amx" if "amx_bf16" in flags else "")
 
 
 def file_name(name: str, cls: str) -> str:

@@ -48,10 +48,11 @@ fn read_fixture<T: for<'de> Deserialize<'de>>(name: &str) -> T {
 }
 
 /// `logprobs.<class>.json`: what transformers computed on this machine's CPU class
-/// ([`cairn_torch::CpuClass`]); libtorch's kernels round differently on each class.
+/// ([`cairn_torch::CpuClass`]); libtorch's kernels round differently on each class. The file
+/// holds bf16 values, so its class is the bf16 one (`-amx` where bf16 runs on AMX tiles).
 fn logprobs_fixture() -> Logprobs {
     let class = cairn_torch::CpuClass::detect();
-    let name = format!("logprobs.{}.json", class.name());
+    let name = format!("logprobs.{}.json", class.bf16_name());
     assert!(
         fixtures_dir().join(&name).is_file(),
         "{name}: no transformers log-probs for this machine's CPU class {class}; record them \
@@ -452,11 +453,14 @@ fn greedy_generation_matches_transformers_for_64_tokens() {
 }
 
 /// One bf16 row decodes through the step written out in Rust (`CausalLm::decode_row`, on an
-/// AVX2 CPU) on the real weights: every greedy id is the plain bf16 forward's argmax or within
-/// the bf16 bound of it, and its reported log-prob is the plain forward's within the bf16
-/// bound or, where it is wider, transformers' own spread on this CPU class (its sdpa against
-/// its eager attention, recorded in the class's fixture: 2.2e-1 on the Zen 1 EPYC). Measured
-/// here: the same ids, log-probs within 8.6e-2 (libtorch's own two-row step: 4.7e-2).
+/// AVX2 CPU) on the real weights: each reported log-prob is the plain bf16 forward's within
+/// ε, the bf16 bound or, where it is wider, transformers' own spread on this CPU class (its
+/// sdpa against its eager attention, recorded in the class's fixture: 2.2e-1 on the Zen 1
+/// EPYC, 2.3e-1 on a Sapphire Rapids Xeon), and every greedy id is within 2ε of the plain
+/// forward's argmax (with every token's log-prob off by up to ε, one computation's argmax can
+/// sit 2ε below the other's). Measured: on the Zen 1 EPYC the same ids, log-probs within
+/// 8.6e-2 (libtorch's own two-row step: 4.7e-2); on the Xeon with AMX (bf16 products on AMX
+/// tiles in the plain forward) log-probs within 9.6e-2 and one id 0.25 below the argmax.
 #[test]
 fn bf16_greedy_decoding_of_one_row_follows_the_plain_forward() {
     let fixture: Greedy = read_fixture("greedy.json");
@@ -490,12 +494,15 @@ fn bf16_greedy_decoding_of_one_row_follows_the_plain_forward() {
          reported log-probs off by up to {worst_logprob:.3e}"
     );
     assert_eq!(got[0].ids.len(), 24);
-    let bound = f64::from(BF16_TOLERANCE);
-    assert!(worst_pick <= bound, "{worst_pick} below the argmax");
     let spread = f64::from(logprobs_fixture().made_by.bf16_sdpa_vs_eager_max_abs_diff);
+    let epsilon = f64::from(BF16_TOLERANCE).max(spread);
     assert!(
-        worst_logprob <= bound.max(spread),
-        "log-probs off by {worst_logprob} (bounds {bound}, {spread})"
+        worst_pick <= 2.0 * epsilon,
+        "{worst_pick} below the argmax (bound 2 × {epsilon})"
+    );
+    assert!(
+        worst_logprob <= epsilon,
+        "log-probs off by {worst_logprob} (bound {epsilon})"
     );
 }
 
