@@ -38,18 +38,20 @@ cairn=""
 eval_tasks=""
 eval_every=""
 serve=1
+# An option that takes a value, given none: named, and exit 2 (as for an unknown one).
+value() { [[ $# -ge 2 ]] || { echo "$1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
-        --rounds) rounds="${2:?$1 needs a value}"; shift 2 ;;
+        --steps) value "$@"; steps="$2"; shift 2 ;;
+        --rounds) value "$@"; rounds="$2"; shift 2 ;;
         --vllm) vllm=1; shift ;;
-        --config) config="${2:?$1 needs a value}"; shift 2 ;;
-        --max-model-len) max_model_len="${2:?$1 needs a value}"; shift 2 ;;
-        --out) out="${2:?$1 needs a value}"; shift 2 ;;
+        --config) value "$@"; config="$2"; shift 2 ;;
+        --max-model-len) value "$@"; max_model_len="$2"; shift 2 ;;
+        --out) value "$@"; out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
-        --cairn) cairn="$2"; build=0; shift 2 ;;
-        --eval-tasks) eval_tasks="${2:?$1 needs a value}"; shift 2 ;;
-        --eval-every) eval_every="${2:?$1 needs a value}"; shift 2 ;;
+        --cairn) value "$@"; cairn="$2"; build=0; shift 2 ;;
+        --eval-tasks) value "$@"; eval_tasks="$2"; shift 2 ;;
+        --eval-every) value "$@"; eval_every="$2"; shift 2 ;;
         --no-serve) serve=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;

@@ -33,15 +33,17 @@ full_variants="async,sync"
 out=target/bench/pipeline
 build=1
 summary_only=0
+# An option that takes a value, given none: named, and exit 2 (as for an unknown one).
+value() { [[ $# -ge 2 ]] || { echo "$1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
-        --rounds) rounds="${2:?$1 needs a value}"; shift 2 ;;
-        --start-round) start_round="${2:?$1 needs a value}"; shift 2 ;;
-        --variants) variants="${2:?$1 needs a value}"; shift 2 ;;
+        --steps) value "$@"; steps="$2"; shift 2 ;;
+        --rounds) value "$@"; rounds="$2"; shift 2 ;;
+        --start-round) value "$@"; start_round="$2"; shift 2 ;;
+        --variants) value "$@"; variants="$2"; shift 2 ;;
         --full) full=1; shift ;;
-        --full-variants) full=1; full_variants="${2:?$1 needs a value}"; shift 2 ;;
-        --out) out="${2:?$1 needs a value}"; shift 2 ;;
+        --full-variants) full=1; value "$@"; full_variants="$2"; shift 2 ;;
+        --out) value "$@"; out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         --summary-only) summary_only=1; build=0; shift ;;
         -h|--help) sed -n '2,23p' "$0"; exit 0 ;;

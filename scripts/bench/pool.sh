@@ -19,13 +19,15 @@ rows=1000000
 profile=release
 out=target/bench/pool
 run=
+# An option that takes a value, given none: named, and exit 2 (as for an unknown one).
+value() { [[ $# -ge 2 ]] || { echo "$1 needs a value (see --help)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps) steps="${2:?$1 needs a value}"; shift 2 ;;
-        --rows) rows="${2:?$1 needs a value}"; shift 2 ;;
-        --profile) profile="${2:?$1 needs a value}"; shift 2 ;;
-        --out) out="${2:?$1 needs a value}"; shift 2 ;;
-        --run) run="${2:?$1 needs a value}"; shift 2 ;;
+        --steps) value "$@"; steps="$2"; shift 2 ;;
+        --rows) value "$@"; rows="$2"; shift 2 ;;
+        --profile) value "$@"; profile="$2"; shift 2 ;;
+        --out) value "$@"; out="$2"; shift 2 ;;
+        --run) value "$@"; run="$2"; shift 2 ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done

@@ -18,6 +18,25 @@ use cairn_kernel::config::PipelineConfig;
 pub fn check(path: &Path) -> Result<()> {
     let config = PipelineConfig::load(path)?;
     let plugins = cairn::setup::checked(&config)?;
+    // Every check before the first line printed: "ok" is never followed by an error.
+    let engine = match &config.rollout.engine {
+        Some(engine) => {
+            let at = match &engine.launch {
+                Some(launch) => format!(
+                    "launched: {} (waits up to {} s for /health)",
+                    crate::engine::launch_program(launch)?.display(),
+                    launch.startup_timeout_s
+                ),
+                None => engine.base_urls.join(", "),
+            };
+            Some(format!(
+                "{} at {at}; probe tolerance {} nats/token (checked when training starts)",
+                engine.kind.as_str(),
+                engine.probe_tolerance
+            ))
+        }
+        None => None,
+    };
     println!("{}: ok", path.display());
     for (kind, name, version, file) in &plugins.used {
         println!("  {kind:<12} {name} {version} ({})", file.display());
@@ -45,21 +64,8 @@ pub fn check(path: &Path) -> Result<()> {
         "  model        {model}, device {}, dtype {}",
         config.model.device, config.model.dtype
     );
-    if let Some(engine) = &config.rollout.engine {
-        let at = match &engine.launch {
-            Some(launch) => format!(
-                "launched: {} (waits up to {} s for /health)",
-                crate::engine::launch_program(launch)?.display(),
-                launch.startup_timeout_s
-            ),
-            None => engine.base_urls.join(", "),
-        };
-        println!(
-            "  engine       {} at {at}; probe tolerance {} nats/token (checked when training \
-             starts)",
-            engine.kind.as_str(),
-            engine.probe_tolerance
-        );
+    if let Some(engine) = engine {
+        println!("  engine       {engine}");
     }
     println!(
         "  run          {} ({} RL steps, seed {}, checkpoint every {})",

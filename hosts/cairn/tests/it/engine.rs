@@ -262,6 +262,7 @@ fn mismatched_or_missing_engines_are_refused_at_start_up() {
     );
     let out = cairn(&["check", cfg.to_str().unwrap()]);
     assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(!stdout(&out).contains(": ok"), "{}", stdout(&out));
     assert!(
         stderr(&out).contains("`/nonexistent/vllm` does not exist"),
         "{}",
