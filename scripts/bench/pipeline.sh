@@ -33,8 +33,7 @@ full_variants="async,sync"
 out=target/bench/pipeline
 build=1
 summary_only=0
-# An option that takes a value, given none: named, and exit 2 (as for an unknown one).
-value() { [[ $# -ge 2 ]] || { echo "$1 needs a value (see --help)" >&2; exit 2; }; }
+source scripts/bench/args.sh
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) value "$@"; steps="$2"; shift 2 ;;

@@ -19,8 +19,7 @@ rows=1000000
 profile=release
 out=target/bench/pool
 run=
-# An option that takes a value, given none: named, and exit 2 (as for an unknown one).
-value() { [[ $# -ge 2 ]] || { echo "$1 needs a value (see --help)" >&2; exit 2; }; }
+source scripts/bench/args.sh
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps) value "$@"; steps="$2"; shift 2 ;;

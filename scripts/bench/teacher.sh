@@ -31,16 +31,14 @@ variants="grpo,sdar,icsd,gigpo,opid,ucob"
 out=target/bench/teacher
 build=1
 summary_only=0
+source scripts/bench/args.sh
 while [[ $# -gt 0 ]]; do
-    if [[ $1 == --* && $1 != --no-build && $1 != --summary-only && $1 != --help && $# -lt 2 ]]; then
-        echo "$1 needs a value (see --help)" >&2; exit 2
-    fi
     case "$1" in
-        --steps) steps="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        --variants) variants="$2"; shift 2 ;;
-        --threads) threads="$2"; shift 2 ;;
-        --out) out="$2"; shift 2 ;;
+        --steps) value "$@"; steps="$2"; shift 2 ;;
+        --rounds) value "$@"; rounds="$2"; shift 2 ;;
+        --variants) value "$@"; variants="$2"; shift 2 ;;
+        --threads) value "$@"; threads="$2"; shift 2 ;;
+        --out) value "$@"; out="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         --summary-only) summary_only=1; build=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;

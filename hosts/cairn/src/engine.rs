@@ -93,7 +93,7 @@ pub fn prepare(
     let mut urls = engine.base_urls.clone();
     let launched = match &engine.launch {
         Some(launch) => {
-            launch_program(launch)?;
+            let program = launch_program(launch)?;
             let dir = match engine.kind {
                 EngineKind::Vllm => weights_dir.clone(),
                 _ => weights_dir.join("launch"),
@@ -101,7 +101,7 @@ pub fn prepare(
             backend.export(&tokenizer_dir, &dir).with_context(|| {
                 format!("writing the engine's first weights to {}", dir.display())
             })?;
-            let l = launch_engine(engine, launch, &dir, run_root)?;
+            let l = launch_engine(engine, launch, &program, &dir, run_root)?;
             urls = vec![l.url.clone()];
             Some(l)
         }
@@ -229,10 +229,12 @@ fn check_tokenizer(client: &EngineClient, tokenizer: &Tokenizer) -> Result<()> {
     Ok(())
 }
 
-/// Starts `launch.command` (placeholders filled in) and waits for its `/health`.
+/// Starts `program` ([`launch_program`]) with the arguments of `launch.command` (placeholders
+/// filled in) and waits for its `/health`.
 fn launch_engine(
     engine: &EngineConfig,
     launch: &LaunchConfig,
+    program: &Path,
     model_dir: &Path,
     run_root: &Path,
 ) -> Result<Launched> {
@@ -272,7 +274,7 @@ fn launch_engine(
     writeln!(log, "==> cairn: starting `{}`", args.join(" "))
         .with_context(|| format!("writing {}", log_path.display()))?;
     let err = log.try_clone()?;
-    let mut command = Command::new(&args[0]);
+    let mut command = Command::new(program);
     command
         .args(&args[1..])
         .envs(&launch.env)

@@ -11,12 +11,12 @@
 //!   ops) are compiled for AVX2 and for AVX-512 and the wider one is used when the CPU has
 //!   AVX-512 F/BW/VL/DQ (or as `ATEN_CPU_CAPABILITY` says).
 //!
-//!
 //! In bf16 a third choice counts: **bf16 products on AMX tiles** (Sapphire Rapids and later
-//! Xeons; oneDNN and MKL both use them) sum in another order than the AVX-512 kernels. f32 is untouched, so [`CpuClass::name`] leaves it out and
-//! [`CpuClass::bf16_name`] adds it: on such a Xeon, transformers' and Cairn's bf16 log-probs both
-//! differ from those recorded on an AVX-512 Xeon without AMX by up to 0.18 nats per token, and
-//! agree with each other.
+//! Xeons) sum in another order than the AVX-512 kernels. f32 is untouched, so
+//! [`CpuClass::name`] leaves AMX out and [`CpuClass::bf16_name`] adds it: on such a Xeon,
+//! transformers' and Cairn's bf16 log-probs both differ from those recorded on an AVX-512 CPU
+//! without AMX (under MKL's Intel branch) by up to 0.18 nats per token, and agree with each
+//! other.
 //!
 //! A seeded run is deterministic for a given thread count and [`CpuClass`]; on another class it
 //! takes another path (the same statistics, not the same bits). The host prints the class at
@@ -32,7 +32,8 @@ pub struct CpuClass {
     /// ATen's vectorised kernels: `"avx512"`, `"avx2"` or `"default"`.
     pub aten: &'static str,
     /// bf16 products run on AMX tiles (the CPU has AMX-BF16). `ONEDNN_MAX_CPU_ISA` is not
-    /// read: it steers oneDNN only, and the bf16 log-probs under it match neither class.
+    /// read: with it set to `AVX512_CORE_BF16` on such a Xeon, Cairn's bf16 log-probs still
+    /// differ from the `intel-avx512` file's by 0.21.
     pub amx: bool,
 }
 
