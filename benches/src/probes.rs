@@ -204,7 +204,7 @@ impl Algorithm for TimedAlgorithm {
 
     /// Host callbacks the plugin makes from here (re-scoring, generation) count as plugin
     /// time too; GRPO makes none.
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
         let t = Instant::now();
         let out = self.inner.signals(batch, host);
         self.clock.add(t, |c, d| {

@@ -5,8 +5,8 @@
 //! 2. during rollout, [`Algorithm::next_context`] (when [`Requirements::turn_context`]) may
 //!    change the context of each next turn;
 //! 3. after rewards, the kernel fills in `ℓ_old` (and `ℓ_ref`) on every row and calls
-//!    [`Algorithm::signals`], which must be **pure**: under dynamic sampling it runs again on
-//!    the grown batch;
+//!    [`Algorithm::signals`], which is **pure** (it takes `&self`): under dynamic sampling it
+//!    runs again on the grown batch;
 //! 4. after the update, [`Algorithm::observe`] runs exactly once per step with the rows that
 //!    were trained: the place for state updates (posteriors, utilities, bank management).
 //!
@@ -196,9 +196,11 @@ pub trait Algorithm: Send + 'static {
     }
 
     /// Computes the per-token signals for a batch whose rewards are final and whose rows carry
-    /// `old_logprobs` (and `ref_logprobs` when a reference pass ran). Must not change the
-    /// plugin's state: it may run more than once per step.
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals>;
+    /// `old_logprobs` (and `ref_logprobs` when a reference pass ran). It takes `&self`
+    /// because it must not change the plugin's state: it may run more than once per step
+    /// (dynamic sampling re-runs it on the grown batch). State updates belong in
+    /// [`Algorithm::observe`].
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals>;
 
     /// Updates the plugin's state after the step's update, exactly once per step.
     fn observe(&mut self, _report: &StepReport, _host: &dyn Host) -> Result<()> {
@@ -214,5 +216,36 @@ pub trait Algorithm: Send + 'static {
     /// Restores the state written by [`Algorithm::save_state`].
     fn load_state(&mut self, _state: &str) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `signals` is pure and its type says so: it runs through a shared reference (ABI 4).
+    #[test]
+    fn signals_runs_through_a_shared_reference() {
+        struct Zero;
+        impl Algorithm for Zero {
+            fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+                Ok(Signals {
+                    advantages: batch.zeros_like_responses(),
+                    ..Default::default()
+                })
+            }
+        }
+        let plugin: &dyn Algorithm = &Zero;
+        let batch = Batch {
+            step: 0,
+            rows: vec![crate::TurnRow {
+                response_ids: vec![1, 2],
+                ..Default::default()
+            }],
+        };
+        let s = plugin
+            .signals(&batch, &crate::OfflineHost::default())
+            .unwrap();
+        assert_eq!(s.advantages, vec![vec![0.0, 0.0]]);
     }
 }

@@ -96,7 +96,7 @@ impl<A: Algorithm> FfiAlgorithm for AlgorithmAdapter<A> {
         })
     }
 
-    fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError> {
+    fn signals(&self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError> {
         guard(|| {
             let batch = Batch::try_from(batch)?;
             let host = ForeignHost(host);

@@ -557,7 +557,7 @@ pub trait FfiAlgorithm: Send {
         request_json: RStr<'_>,
         host: FfiHostRef<'_>,
     ) -> RResult<RString, FfiError>;
-    fn signals(&mut self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError>;
+    fn signals(&self, batch: &FfiBatch, host: FfiHostRef<'_>) -> RResult<FfiSignals, FfiError>;
     /// A [`crate::StepReport`]: its batch as `batch`, the other fields as JSON (`batch` empty).
     fn observe(
         &mut self,

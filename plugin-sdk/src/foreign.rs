@@ -105,6 +105,11 @@ impl std::fmt::Debug for LoadedPlugin {
 /// referenced by objects it created).
 pub fn load_plugin(path: &Path) -> std::result::Result<LoadedPlugin, LoadError> {
     let path_buf = path.to_path_buf();
+    // A truncated library would be mapped past its end by dlopen and crash the process.
+    crate::elf::check_segments(path).map_err(|reason| LoadError::Open {
+        path: path_buf.clone(),
+        reason,
+    })?;
     let header = lib_header_from_path(path).map_err(|e| match e {
         LibraryError::OpenError { err, .. } => LoadError::Open {
             path: path_buf.clone(),
@@ -274,7 +279,7 @@ impl Algorithm for ForeignAlgorithm {
         parse_json(&self.name, "turn context", text)
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let ffi_batch = FfiBatch::from(batch);
         let adapter = HostAdapter(host);
         let host_ref: FfiHostRef<'_> = FfiHost_TO::from_ptr(&adapter, TD_Opaque);

@@ -18,13 +18,17 @@ pub mod algorithm;
 pub mod bank;
 pub mod batch;
 pub mod config;
+mod elf;
 pub mod env;
 pub mod error;
 pub mod export;
 pub mod ffi;
 pub mod foreign;
 pub mod host;
+pub mod stack;
+pub mod state;
 pub mod stats;
+pub mod testing;
 
 pub use algorithm::{
     Algorithm, GroupRequest, Requirements, Role, StepReport, TurnContext, TurnContextRequest,
@@ -46,7 +50,14 @@ pub use host::{
     GenerateRequest, Generation, HistoryTurn, Host, OfflineHost, RenderRequest, ScoreRequest,
     ScoreWeights, Scored,
 };
+pub use stack::{Member, Stack, StackError};
 
-/// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type in [`ffi`]; the
-/// host refuses plugins built for another number.
-pub const ABI_VERSION: u32 = 3;
+/// The author's guide, `README.md`: its Rust example (a whole estimator plugin) compiles as a
+/// doctest, so the guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct Guide;
+
+/// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type or FFI trait in
+/// [`ffi`]; the host refuses plugins built for another number. 4: `signals` takes `&self`.
+pub const ABI_VERSION: u32 = 4;

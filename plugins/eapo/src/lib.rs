@@ -272,7 +272,7 @@ impl Algorithm for Eapo {
             .collect())
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let c = &self.config;
         let trajs = trajectories(batch)?;

@@ -211,7 +211,7 @@ impl Algorithm for Echo {
         Ok(TurnContext::Prompt { prompt_ids, extra })
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let routed = credit::route(batch, self.config.eta, host)?;
         Ok(Signals {

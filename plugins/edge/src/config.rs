@@ -1,6 +1,7 @@
 //! `algorithm.stack[i].config` of `edge`: every key, its default (the EDGE ALFWorld script's
 //! where it has one) and its checks. `docs/algorithms/edge.md` has the same table.
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::{PluginError, Result, TeacherForm};
 use serde::Deserialize;
 
@@ -178,13 +179,7 @@ impl EdgeConfig {
 
     /// Checks every value.
     pub fn validate(&self) -> Result<()> {
-        PluginError::check_config(
-            self.coef.is_finite() && self.coef >= 0.0,
-            format!(
-                "`coef` = {}: must be a finite number ≥ 0 (EDGE uses 1.0)",
-                self.coef
-            ),
-        )?;
+        check_range("coef", self.coef, Range::AtLeast(0.0), "", "EDGE uses 1.0")?;
         PluginError::check_config(
             self.top_k + self.task_specific_top_k > 0,
             "`top_k` and `task_specific_top_k` are both 0: E slots would get no experience; \
@@ -203,12 +198,12 @@ impl EdgeConfig {
             self.update_frequency >= 1,
             "`update_frequency` = 0: give the management window in steps, ≥ 1 (EDGE uses 5)",
         )?;
-        PluginError::check_config(
-            self.beta > 0.0 && self.beta <= 1.0,
-            format!(
-                "`beta` = {}: the EMA rate must be in (0, 1] (EDGE uses 0.1)",
-                self.beta
-            ),
+        check_range(
+            "beta",
+            self.beta,
+            Range::OpenClosed(0.0, 1.0),
+            "the EMA rate",
+            "EDGE uses 0.1",
         )?;
         PluginError::check_config(
             (0.0..=1.0).contains(&self.update_threshold),
@@ -229,10 +224,7 @@ impl EdgeConfig {
             "`max_items` = 0: give the capacity of each pool, ≥ 1 (EDGE uses 200)",
         )?;
         for (key, value) in [("score_c", self.score_c), ("c_ucb", self.c_ucb)] {
-            PluginError::check_config(
-                value.is_finite() && value >= 0.0,
-                format!("`{key}` = {value}: must be a finite number ≥ 0 (default 1.0)"),
-            )?;
+            check_range(key, value, Range::AtLeast(0.0), "", "default 1.0")?;
         }
         Ok(())
     }

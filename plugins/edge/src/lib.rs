@@ -149,7 +149,7 @@ impl Algorithm for Edge {
             .collect())
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let arms = admission::arms(batch)?;
         let mut metrics = Vec::new();
@@ -256,19 +256,13 @@ impl Algorithm for Edge {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the edge state: {e}")))
+        cairn_plugin_sdk::state::save_state("edge", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("edge", state)? {
+            self.state = state;
         }
-        self.state = serde_json::from_str(state).map_err(|e| {
-            PluginError::input(format!(
-                "the edge state is not valid ({e}); resume with the checkpoint of an edge run"
-            ))
-        })?;
         Ok(())
     }
 }

@@ -1,117 +1,14 @@
-//! Test fixtures: a mock host with an in-memory bank, and row builders.
+//! Test fixtures: the SDK's mock host, and row builders.
 
-use std::sync::Mutex;
-
-use cairn_plugin_sdk::{
-    BankEntry, BankQuery, Batch, ContextVariant, EntryStatus, GroupRequest, Host, PluginError,
-    Provenance, ReflectionRequest, RenderRequest, Result, Retrieved, StatsUpdate, TurnRow,
-};
+use cairn_plugin_sdk::{BankEntry, Batch, ContextVariant, GroupRequest, Provenance, TurnRow};
 
 use crate::admission::Arm;
 use crate::plan::{e_variant, n_variant};
 
-/// A host whose bank is a list ranked by id (the mock ignores the query text), whose prompts
-/// render as the bytes of `inject + "|" + observation`, and which records every call.
-#[derive(Default)]
-pub struct MockHost {
-    pub entries: Mutex<Vec<BankEntry>>,
-    pub queries: Mutex<Vec<BankQuery>>,
-    pub updates: Mutex<Vec<StatsUpdate>>,
-    pub reflections: Mutex<Vec<ReflectionRequest>>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
-    /// `reflect` fails (a full queue).
-    pub refuse_reflections: bool,
-}
-
-impl MockHost {
-    pub fn put(&self, e: BankEntry) {
-        self.entries.lock().unwrap().push(e);
-    }
-
-    pub fn entry(&self, id: u64) -> BankEntry {
-        let entries = self.entries.lock().unwrap();
-        entries.iter().find(|e| e.id == id).unwrap().clone()
-    }
-
-    /// The last value logged under `name`.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        let metrics = self.metrics.lock().unwrap();
-        metrics.iter().rev().find(|(n, _)| n == name).map(|m| m.1)
-    }
-}
-
-impl Host for MockHost {
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        Ok(render(&r.variant.inject, &r.observation.text))
-    }
-
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        self.queries.lock().unwrap().push(q.clone());
-        let entries = self.entries.lock().unwrap();
-        let statuses = if q.statuses.is_empty() {
-            vec![EntryStatus::Active, EntryStatus::UnderTest]
-        } else {
-            q.statuses.clone()
-        };
-        Ok(entries
-            .iter()
-            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
-            .filter(|e| statuses.contains(&e.status))
-            .filter(|e| match &q.task_id {
-                None => true,
-                Some(t) => {
-                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
-                }
-            })
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 1.0,
-            })
-            .collect())
-    }
-
-    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
-        let mut entries = self.entries.lock().unwrap();
-        for u in updates {
-            let Some(e) = entries.iter_mut().find(|e| e.id == u.id) else {
-                return Err(PluginError::host(format!("no entry {}", u.id)));
-            };
-            if let Some(stats) = &u.set {
-                e.stats = stats.clone();
-            }
-            if let Some(status) = u.status {
-                e.status = status;
-            }
-        }
-        self.updates.lock().unwrap().extend_from_slice(updates);
-        Ok(())
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        if self.refuse_reflections {
-            return Err(PluginError::host(
-                "the skill creator's queue is full (skills.queue)",
-            ));
-        }
-        let mut r = self.reflections.lock().unwrap();
-        let first = r.len() as u64 + 1;
-        r.extend_from_slice(requests);
-        Ok((first..first + requests.len() as u64).collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap().push((name.into(), value));
-    }
-}
-
-/// What [`MockHost::render_prompt`] returns.
-pub fn render(inject: &str, observation: &str) -> Vec<u32> {
-    format!("{inject}|{observation}")
-        .bytes()
-        .map(u32::from)
-        .collect()
-}
+/// The SDK's mock host: an in-memory bank ranked by insertion order (the query text is
+/// ignored), prompts rendered as the bytes of `inject + "|" + observation` ([`render`]), and
+/// every call recorded.
+pub use cairn_plugin_sdk::testing::{render_bytes as render, MockHost};
 
 /// An active experience.
 pub fn entry(id: u64, task: Option<&str>, text: &str) -> BankEntry {

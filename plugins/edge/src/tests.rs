@@ -52,7 +52,7 @@ fn requirements_declare_a_planner_with_even_groups_a_bank_and_reflection() {
         }
     );
     // The top-k form needs the teacher's top-k ids.
-    let mut topk = edge(r#"{"token_selection": "teacher_topk"}"#);
+    let topk = edge(r#"{"token_selection": "teacher_topk"}"#);
     assert!(topk.requirements().teacher_topk);
     let s = topk
         .signals(&batch(0, worked_example()), &MockHost::default())
@@ -128,7 +128,7 @@ fn an_over_long_entry_is_skipped_at_planning_and_counted_by_observe() {
 
 #[test]
 fn the_worked_example_distills_the_n_rows_toward_the_e_prompt() {
-    let mut e = edge(r#"{"coef": 0.5}"#);
+    let e = edge(r#"{"coef": 0.5}"#);
     let b = batch(0, worked_example());
     let s = e.signals(&b, &MockHost::default()).unwrap();
     s.validate_against(&b).unwrap();
@@ -174,7 +174,7 @@ fn token_weights_are_w_times_the_mask_and_warmup_ends_distillation() {
         ],
     );
     rows[3].response_mask = vec![1, 0, 1];
-    let mut e = edge(r#"{"level": "trajectory", "score": "reward", "warmup_steps": 3}"#);
+    let e = edge(r#"{"level": "trajectory", "score": "reward", "warmup_steps": 3}"#);
     let s = e
         .signals(&batch(2, rows.clone()), &MockHost::default())
         .unwrap();
@@ -191,7 +191,7 @@ fn token_weights_are_w_times_the_mask_and_warmup_ends_distillation() {
 
 #[test]
 fn signals_are_pure() {
-    let mut e = edge("");
+    let e = edge("");
     let before = e.state().clone();
     let b = batch(0, worked_example());
     let first = e.signals(&b, &MockHost::default()).unwrap();
@@ -235,7 +235,7 @@ fn credits_of_one_window_move_the_utility_by_beta_times_their_mean() {
     host.put(entry(7, None, "look first"));
     let mut e = edge(r#"{"update_frequency": 1}"#);
     e.observe(&report(0, two_credit_groups()), &host).unwrap();
-    let stats = host.entry(7).stats;
+    let stats = host.entry(7).unwrap().stats;
     assert!((stats.utility_ema - 0.0125).abs() < 1e-12, "{stats:?}");
     // Exposures: 2 + 4 E trajectories; one of them succeeded.
     assert_eq!((stats.exposures, stats.successes), (6, 1));
@@ -251,7 +251,7 @@ fn credits_of_one_window_move_the_utility_by_beta_times_their_mean() {
     host.put(entry(7, None, "look first"));
     let mut e = edge(r#"{"update_frequency": 1, "beta": 0.5}"#);
     e.observe(&report(0, two_credit_groups()), &host).unwrap();
-    assert!((host.entry(7).stats.utility_ema - 0.0625).abs() < 1e-12);
+    assert!((host.entry(7).unwrap().stats.utility_ema - 0.0625).abs() < 1e-12);
 }
 
 #[test]
@@ -261,11 +261,11 @@ fn credits_are_buffered_until_the_window_closes() {
     let mut e = edge(r#"{"update_frequency": 2}"#);
     let rows = two_credit_groups();
     e.observe(&report(0, rows[..4].to_vec()), &host).unwrap();
-    assert_eq!(host.entry(7).stats, EntryStats::default());
+    assert_eq!(host.entry(7).unwrap().stats, EntryStats::default());
     assert_eq!(e.state().window.credits[&7], [0.5]);
     assert_eq!(host.metric("edge/bank_size"), None);
     e.observe(&report(1, rows[4..].to_vec()), &host).unwrap();
-    assert!((host.entry(7).stats.utility_ema - 0.0125).abs() < 1e-12);
+    assert!((host.entry(7).unwrap().stats.utility_ema - 0.0125).abs() < 1e-12);
 }
 
 /// A group whose E arm (experience 7) failed where the N arm succeeded once: g = −0.5.
@@ -320,7 +320,7 @@ fn the_negative_streak_grows_only_over_consecutive_windows() {
         };
         e.observe(&report(step, rows), &host).unwrap();
         if (step + 1) % 5 == 0 {
-            let s = host.entry(7).stats;
+            let s = host.entry(7).unwrap().stats;
             seen.push((s.negative_streak, s.last_negative_step));
         }
     }
@@ -370,7 +370,7 @@ fn prune_with(config: &str) -> (Vec<u64>, MockHost) {
 fn hard_pruning_needs_exposures_low_utility_and_a_long_streak() {
     let (retired, host) = prune_with("");
     assert_eq!(retired, [1]);
-    let status: Vec<EntryStatus> = [1, 2, 3].map(|id| host.entry(id).status).to_vec();
+    let status: Vec<EntryStatus> = [1, 2, 3].map(|id| host.entry(id).unwrap().status).to_vec();
     assert_eq!(
         status,
         [
@@ -380,10 +380,10 @@ fn hard_pruning_needs_exposures_low_utility_and_a_long_streak() {
         ]
     );
     for id in [1, 2, 3] {
-        assert!((host.entry(id).stats.utility_ema - -0.275).abs() < 1e-12);
+        assert!((host.entry(id).unwrap().stats.utility_ema - -0.275).abs() < 1e-12);
     }
     let streaks: Vec<u32> = [1, 2, 3]
-        .map(|id| host.entry(id).stats.negative_streak)
+        .map(|id| host.entry(id).unwrap().stats.negative_streak)
         .to_vec();
     assert_eq!(streaks, [2, 1, 2]);
     assert_eq!(prune_with(r#"{"negative_windows": 1}"#).0, [1, 2]);
@@ -411,7 +411,7 @@ fn trim_with(config: &str) -> Vec<u64> {
     assert!(m.retired.is_empty());
     assert_eq!(m.bank_size, 5 - m.evicted.len());
     for &id in &m.evicted {
-        assert_eq!(host.entry(id).status, EntryStatus::Retired);
+        assert_eq!(host.entry(id).unwrap().status, EntryStatus::Retired);
     }
     m.evicted
 }
@@ -562,10 +562,7 @@ fn experience_hurt_contrasts_become_reflections_weakest_kind_first() {
 
 #[test]
 fn reflector_failures_and_a_refused_request_are_counted_and_training_goes_on() {
-    let host = MockHost {
-        refuse_reflections: true,
-        ..MockHost::default()
-    };
+    let host = MockHost::default().refusing_reflections();
     host.put(entry(7, None, "look first"));
     let mut e = edge(r#"{"update_frequency": 1}"#);
     let mut r = report(0, hurt_group(2));
@@ -579,7 +576,7 @@ fn reflector_failures_and_a_refused_request_are_counted_and_training_goes_on() {
     assert_eq!(host.metric("edge/reflections_refused"), Some(1.0));
     assert_eq!(host.metric("edge/reflections_requested"), Some(0.0));
     // The credits were still applied.
-    assert!((host.entry(7).stats.utility_ema - -0.05).abs() < 1e-12);
+    assert!((host.entry(7).unwrap().stats.utility_ema - -0.05).abs() < 1e-12);
 }
 
 #[test]
@@ -608,7 +605,7 @@ fn the_state_round_trips_through_a_checkpoint() {
     again
         .observe(&report(1, rows[4..].to_vec()), &host)
         .unwrap();
-    assert!((host.entry(7).stats.utility_ema - 0.0125).abs() < 1e-12);
+    assert!((host.entry(7).unwrap().stats.utility_ema - 0.0125).abs() < 1e-12);
     again.load_state("").unwrap();
     let err = again.load_state("not json").unwrap_err();
     assert!(

@@ -38,6 +38,7 @@
 //! Metrics: `efca/negative_feedback_fraction`, `efca/revisit_fraction` (rows with `f = −1`,
 //! `h = −1`), `efca/weight_min`, `efca/weight_max` (normalised weights over rows).
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::stats::{
     anchor_groups, broadcast_rows, is_constant, mean, outcome_advantages, std, trajectories,
     turn_returns, AnchorMatching, Normalise, OutcomeSamples, StdKind, Trajectory,
@@ -141,10 +142,7 @@ impl EfcaConfig {
             }
         }
         let gamma = self.gamma();
-        check(
-            (0.0..=1.0).contains(&gamma),
-            format!("`gamma` = {gamma}: the discount must be in [0, 1]"),
-        )?;
+        check_range("gamma", gamma, Range::Closed(0.0, 1.0), "the discount", "")?;
         let omega = self.omega();
         check(
             omega.is_finite() && omega >= 0.0,
@@ -322,7 +320,7 @@ impl Algorithm for Efca {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let (per_row, weights) = self.advantages_and_weights(batch)?;
         let n = weights.len().max(1) as f64;
@@ -515,7 +513,7 @@ mod tests {
         );
         assert!(err(r#"{"target": "returns", "gamma": 2}"#).starts_with("`gamma` = 2"));
         assert!(err(r#"{"target": "tokens"}"#).starts_with("`target`: unknown variant `tokens`"));
-        let mut efca = Efca::from_config_json("{}").unwrap();
+        let efca = Efca::from_config_json("{}").unwrap();
         let mut batch = example();
         batch.rows[6].feedback = 2;
         let e = efca.signals(&batch, &OfflineHost::default()).unwrap_err();

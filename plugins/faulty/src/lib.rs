@@ -106,7 +106,7 @@ impl Algorithm for Faulty {
         Ok(vec![ContextVariant::default(); request.group_size as usize])
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         self.trip_at(Site::Signals, Some(batch.step))?;
         Ok(Signals {
             advantages: batch.zeros_like_responses(),

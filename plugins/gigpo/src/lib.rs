@@ -32,6 +32,7 @@
 //! (fraction of step groups with one row), `gigpo/step_advantage_abs_mean` (mean |A^S| over
 //! rows).
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::stats::{
     anchor_groups, broadcast_rows, is_constant, mean, outcome_advantages, std, trajectories,
     turn_returns, AnchorMatching, Normalise, OutcomeSamples, StdKind,
@@ -98,12 +99,12 @@ impl GigpoConfig {
                 self.omega
             ),
         )?;
-        bad(
-            (0.0..=1.0).contains(&self.gamma),
-            format!(
-                "`gamma` = {}: the discount must be in [0, 1] (verl-agent uses 0.95)",
-                self.gamma
-            ),
+        check_range(
+            "gamma",
+            self.gamma,
+            Range::Closed(0.0, 1.0),
+            "the discount",
+            "verl-agent uses 0.95",
         )?;
         bad(
             self.eps.is_finite() && self.eps >= 0.0,
@@ -226,7 +227,7 @@ impl Algorithm for Gigpo {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let Levels {
             episode,

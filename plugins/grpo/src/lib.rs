@@ -240,7 +240,7 @@ impl Algorithm for Grpo {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let c = &self.config;
         let trajs = trajectories(batch)?;
@@ -405,7 +405,7 @@ mod tests {
     }
 
     fn signals(config: &str, batch: &Batch) -> Signals {
-        let mut grpo = Grpo::from_config_json(config).unwrap();
+        let grpo = Grpo::from_config_json(config).unwrap();
         grpo.signals(batch, &OfflineHost::default()).unwrap()
     }
 
@@ -680,7 +680,7 @@ mod tests {
     fn inconsistent_batches_are_errors() {
         let mut batch = gigpo_trajectories();
         batch.rows[1].episode_reward = 3.0;
-        let mut grpo = Grpo::from_config_json("{}").unwrap();
+        let grpo = Grpo::from_config_json("{}").unwrap();
         let e = grpo.signals(&batch, &OfflineHost::default()).unwrap_err();
         assert!(e.message.contains("differ in episode_reward"), "{e}");
         batch.rows[1].episode_reward = 10.0;

@@ -220,7 +220,7 @@ impl Algorithm for Hint {
         Ok(TurnContext::Variant { variant })
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let helped: std::collections::HashSet<u64> = contrasts(batch)
             .into_iter()
             .filter(Contrast::helped)
@@ -283,16 +283,13 @@ impl Algorithm for Hint {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the hint state: {e}")))
+        cairn_plugin_sdk::state::save_state("hint", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("hint", state)? {
+            self.state = state;
         }
-        self.state = serde_json::from_str(state)
-            .map_err(|e| PluginError::input(format!("the hint state is not valid: {e}")))?;
         Ok(())
     }
 }
@@ -306,41 +303,10 @@ cairn_plugin_sdk::export_algorithm! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The SDK's mock host renders a prompt as the bytes of `inject + "|" + observation` and
+    // keeps the bank entries put into it.
+    use cairn_plugin_sdk::testing::MockHost;
     use cairn_plugin_sdk::{OfflineHost, TurnRow, TurnSummary};
-
-    /// A host that renders a prompt as the bytes of `inject + "|" + observation`, and keeps
-    /// the bank entries put into it.
-    #[derive(Default)]
-    struct Renders {
-        put: std::sync::Mutex<Vec<NewEntry>>,
-    }
-    impl Host for Renders {
-        fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-            Ok(format!("{}|{}", r.variant.inject, r.observation.text)
-                .bytes()
-                .map(u32::from)
-                .collect())
-        }
-        fn bank_query(&self, q: &BankQuery) -> Result<Vec<cairn_plugin_sdk::Retrieved>> {
-            let put = self.put.lock().unwrap();
-            Ok(put
-                .iter()
-                .filter(|e| q.kinds.contains(&e.kind) && e.task_id == q.task_id)
-                .map(|e| cairn_plugin_sdk::Retrieved {
-                    entry: cairn_plugin_sdk::BankEntry {
-                        text: e.text.clone(),
-                        ..Default::default()
-                    },
-                    score: 0.0,
-                })
-                .collect())
-        }
-        fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
-            let mut put = self.put.lock().unwrap();
-            put.extend_from_slice(entries);
-            Ok((0..entries.len() as u64).collect())
-        }
-    }
 
     fn row(group: u64, traj: u64, hinted: bool, reward: f32) -> TurnRow {
         let mut variant = ContextVariant::default();
@@ -369,7 +335,7 @@ mod tests {
                     group_size: 4,
                     ..Default::default()
                 },
-                &Renders::default(),
+                &MockHost::default(),
             )
             .unwrap();
         let labels: Vec<&str> = plan.iter().map(|v| v.label.as_str()).collect();
@@ -413,7 +379,7 @@ mod tests {
 
     #[test]
     fn plain_rows_of_groups_the_hint_helped_are_distilled_toward_the_hinted_prompt() {
-        let mut h = Hint::from_config_json(r#"{"hint": "H", "coef": 0.25}"#).unwrap();
+        let h = Hint::from_config_json(r#"{"hint": "H", "coef": 0.25}"#).unwrap();
         let batch = Batch {
             step: 0,
             rows: vec![
@@ -427,7 +393,7 @@ mod tests {
                 row(2, 21, false, 1.0),
             ],
         };
-        let s = h.signals(&batch, &Renders::default()).unwrap();
+        let s = h.signals(&batch, &MockHost::default()).unwrap();
         s.validate_against(&batch).unwrap();
         assert!(s.advantages.is_empty(), "a planner gives no advantages");
         let term = &s.teacher[0];
@@ -463,9 +429,9 @@ mod tests {
             batch: Batch { step: 0, rows },
             ..Default::default()
         };
-        let host = Renders::default();
+        let host = MockHost::default();
         h.observe(&report, &host).unwrap();
-        let put = host.put.lock().unwrap().clone();
+        let put = host.entries.lock().unwrap().clone();
         assert_eq!(put.len(), 1);
         assert_eq!(put[0].kind, EntryKind::EvidenceCard);
         assert_eq!(put[0].task_id.as_deref(), Some("t7"));

@@ -2,6 +2,7 @@
 //! `docs/algorithms/icsd.md` has the same table. Every default is ours (ICSD is a proposal).
 
 use cairn_opsd::SkillConfig;
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::{PluginError, Result};
 use serde::Deserialize;
 
@@ -89,13 +90,7 @@ impl IcsdConfig {
 
     /// Checks every value.
     pub fn validate(&self) -> Result<()> {
-        PluginError::check_config(
-            self.coef.is_finite() && self.coef >= 0.0,
-            format!(
-                "`coef` = {}: λ must be a finite number ≥ 0 (default 0.1)",
-                self.coef
-            ),
-        )?;
+        check_range("coef", self.coef, Range::AtLeast(0.0), "λ", "default 0.1")?;
         PluginError::check_config(
             self.w_min.is_finite() && self.w_min > 0.0,
             format!(

@@ -40,8 +40,8 @@ use cairn_plugin_sdk::stats::{
     outcome_advantages, trajectories, Normalise, OutcomeSamples, StdKind,
 };
 use cairn_plugin_sdk::{
-    Algorithm, AuxTerm, Batch, EntryKind, Host, PluginError, Requirements, Result, Role, Signals,
-    StepReport, TeacherForm, TeacherSource, TeacherTarget, TeacherTerm,
+    Algorithm, AuxTerm, Batch, EntryKind, Host, Requirements, Result, Role, Signals, StepReport,
+    TeacherForm, TeacherSource, TeacherTarget, TeacherTerm,
 };
 use serde::{Deserialize, Serialize};
 
@@ -216,7 +216,7 @@ impl Algorithm for Icsd {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let teachers = teacher::score(&self.config.skills, batch, host, 0)?;
         distill(&self.config, batch, &teachers)
     }
@@ -234,19 +234,13 @@ impl Algorithm for Icsd {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the icsd state: {e}")))
+        cairn_plugin_sdk::state::save_state("icsd", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("icsd", state)? {
+            self.state = state;
         }
-        self.state = serde_json::from_str(state).map_err(|e| {
-            PluginError::input(format!(
-                "the icsd state is not valid ({e}); resume with the checkpoint of an icsd run"
-            ))
-        })?;
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, Teacher};
 use cairn_opsd::{RowTeacher, TeacherCounts};
 use cairn_plugin_sdk::{ScoreWeights, TurnRow};
 
@@ -266,7 +266,7 @@ fn every_turn_keeps_its_auxiliary_mass_through_the_plugin_on_random_batches() {
 
 #[test]
 fn signals_score_only_rows_with_a_skill_and_count_the_rest() {
-    let host = MockHost::default();
+    let host = mock_host(Teacher::default());
     host.put(skill(1, Some("t"), "open the drawer first"));
     let batch = Batch {
         step: 0,
@@ -275,10 +275,10 @@ fn signals_score_only_rows_with_a_skill_and_count_the_rest() {
             row(2, 2, "u", &[5, 6], &[-1.2, -0.2]),
         ],
     };
-    let mut icsd = Icsd::from_config_json("").unwrap();
+    let icsd = Icsd::from_config_json("").unwrap();
     let s = icsd.signals(&batch, &host).unwrap();
     s.validate_against(&batch).unwrap();
-    let scored = host.scored.lock().unwrap().clone();
+    let scored = host.scores.lock().unwrap().clone();
     assert_eq!(scored.len(), 1);
     assert_eq!(
         (scored[0].weights, scored[0].top_k),
@@ -289,7 +289,7 @@ fn signals_score_only_rows_with_a_skill_and_count_the_rest() {
     assert_eq!(metric(&s, "icsd/rows_with_teacher"), 1.0);
     assert_eq!(metric(&s, "icsd/rows_without_skill"), 1.0);
     // No teacher anywhere: an empty term, no weight metrics.
-    let host = MockHost::default();
+    let host = mock_host(Teacher::default());
     let s = icsd.signals(&batch, &host).unwrap();
     assert!(s.teacher[0].targets.is_empty());
     assert!(!s.metrics.iter().any(|(n, _)| n == "icsd/influence_mean"));
@@ -303,7 +303,7 @@ fn requirements_observe_and_state() {
     assert!(r.teacher_scores && r.reflection && !r.teacher_topk);
     assert_eq!(r.bank, [EntryKind::Skill]);
     let mut icsd = icsd;
-    let host = MockHost::default();
+    let host = mock_host(Teacher::default());
     let mut won = row(1, 1, "t", &[5], &[-1.0]);
     won.success = true;
     won.episode_reward = 1.0;

@@ -5,6 +5,7 @@
 //! The estimator's own weights are not here: `A^ep + w_step · A^S` is `grpo`'s or `gigpo`'s
 //! advantage (`gigpo`'s `omega` is OPID's `w_step`; the OPID script uses 0).
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::{PluginError, Result};
 use serde::Deserialize;
 
@@ -212,12 +213,12 @@ impl OpidConfig {
                 self.eps
             ),
         )?;
-        PluginError::check_config(
-            self.gamma.is_finite() && (0.0..=1.0).contains(&self.gamma),
-            format!(
-                "`gamma` = {}: the discount must be in [0, 1] (OPID uses 0.95)",
-                self.gamma
-            ),
+        check_range(
+            "gamma",
+            self.gamma,
+            Range::Closed(0.0, 1.0),
+            "the discount",
+            "OPID uses 0.95",
         )?;
         PluginError::check_config(
             self.var_quantile.is_finite() && (0.0..=1.0).contains(&self.var_quantile),

@@ -278,7 +278,7 @@ impl Algorithm for Opid {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         batch.validate()?;
         let config = &self.config;
         let n = batch.rows.len();
@@ -495,19 +495,14 @@ impl Algorithm for Opid {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the opid state: {e}")))
+        cairn_plugin_sdk::state::save_state("opid", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
+        let Some(mut state) = cairn_plugin_sdk::state::load_state::<OpidState>("opid", state)?
+        else {
             return Ok(());
-        }
-        let mut state: OpidState = serde_json::from_str(state).map_err(|e| {
-            PluginError::input(format!(
-                "the opid state is not valid ({e}); resume with the checkpoint of an opid run"
-            ))
-        })?;
+        };
         // The kernel does not checkpoint queued reflections and counts tickets from 1 again
         // after a resume: a pending ticket would never be answered, or be mistaken for a new one.
         state.pending.clear();

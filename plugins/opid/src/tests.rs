@@ -2,11 +2,9 @@
 //! order, the analysis round trip through `observe` (requests, answers, failures, a full
 //! queue), the statistical selector's candidates, state and config.
 
-use std::cell::RefCell;
-
+use cairn_plugin_sdk::testing::{render_bytes as render, MockHost};
 use cairn_plugin_sdk::{
-    Algorithm, BankEntry, BankQuery, Batch, ContextVariant, EntryKind, Host, ReflectionRequest,
-    RenderRequest, Result, Retrieved, Role, ScoreRequest, ScoreWeights, Scored, StepReport,
+    Algorithm, BankEntry, Batch, ContextVariant, EntryKind, Role, ScoreWeights, Scored, StepReport,
     TurnRow,
 };
 use serde_json::{json, Value};
@@ -18,130 +16,60 @@ const OLD: [f32; 3] = [-0.7, -1.5, -0.2];
 const EP: [f32; 3] = [-0.5, -1.6, -0.2];
 const ST: [f32; 3] = [-0.3, -0.9, -0.1];
 
-/// Renders `inject|observation` as bytes; scores a context holding the step header with
-/// [`ST`], the episode header with [`EP`], anything else with `base`; keeps a bank and
-/// answers reflections with tickets (refusing after `room` of them).
-struct TestHost {
-    base: [f32; 3],
-    scored: RefCell<Vec<ScoreRequest>>,
-    bank: RefCell<Vec<BankEntry>>,
-    reflected: RefCell<Vec<ReflectionRequest>>,
-    room: usize,
-    metrics: RefCell<Vec<(String, f64)>>,
+/// The SDK's mock host, rendering `inject|observation` as bytes, scoring a context holding
+/// the step header with [`ST`], the episode header with [`EP`], anything else with `base`,
+/// and ranking the bank newest id first; the test answers reflections with [`answer`].
+fn test_host(base: [f32; 3]) -> MockHost {
+    MockHost::default()
+        .with_scorer(move |r| {
+            let context = text(&r.context_ids);
+            let lp = if context.contains("Step skill") {
+                ST
+            } else if context.contains("Episode skill") {
+                EP
+            } else {
+                base
+            };
+            Ok(Scored {
+                logprobs: lp[..r.response_ids.len()].to_vec(),
+                ..Scored::default()
+            })
+        })
+        .with_ranking(|_, entries| entries.sort_by_key(|e| std::cmp::Reverse(e.id)))
 }
 
-impl Default for TestHost {
-    fn default() -> Self {
-        TestHost {
-            base: OLD,
-            scored: RefCell::default(),
-            bank: RefCell::default(),
-            reflected: RefCell::default(),
-            room: usize::MAX,
-            metrics: RefCell::default(),
-        }
-    }
-}
-
-fn render(inject: &str, observation: &str) -> Vec<u32> {
-    format!("{inject}|{observation}")
-        .bytes()
-        .map(u32::from)
-        .collect()
+/// [`test_host`] with the worked example's `ℓ_old` as the skill-free scores.
+fn plain_host() -> MockHost {
+    test_host(OLD)
 }
 
 fn text(ids: &[u32]) -> String {
     ids.iter().map(|&b| b as u8 as char).collect()
 }
 
-impl Host for TestHost {
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        Ok(render(&r.variant.inject, &r.observation.text))
-    }
-
-    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
-        self.scored.borrow_mut().extend_from_slice(requests);
-        Ok(requests
-            .iter()
-            .map(|r| {
-                let context = text(&r.context_ids);
-                let lp = if context.contains("Step skill") {
-                    ST
-                } else if context.contains("Episode skill") {
-                    EP
-                } else {
-                    self.base
-                };
-                Scored {
-                    logprobs: lp[..r.response_ids.len()].to_vec(),
-                    ..Scored::default()
-                }
-            })
-            .collect())
-    }
-
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        let mut out: Vec<Retrieved> = self
-            .bank
-            .borrow()
-            .iter()
-            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 0.0,
-            })
-            .collect();
-        out.sort_by_key(|r| std::cmp::Reverse(r.entry.id));
-        out.truncate(q.k);
-        Ok(out)
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        let mut r = self.reflected.borrow_mut();
-        if r.len() + requests.len() > self.room {
-            return Err(cairn_plugin_sdk::PluginError::host(
-                "the reflection queue is full (`skills.queue`)",
-            ));
-        }
-        let first = r.len() as u64 + 1;
-        r.extend_from_slice(requests);
-        Ok((first..first + requests.len() as u64).collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.borrow_mut().push((name.into(), value));
-    }
+/// Answers reflection `ticket` (1-based) with `reply`, as the skill creator would: a Skill
+/// entry with the request's extra, `reflection_ticket` and `reply`. Returns its id.
+fn answer(host: &MockHost, ticket: u64, reply: Value) -> u64 {
+    let request = host.reflections.lock().unwrap()[ticket as usize - 1].clone();
+    let mut extra = request.extra.clone();
+    extra.insert("reflection_ticket".into(), json!(ticket));
+    extra.insert("reply".into(), reply.clone());
+    let id = 100 + host.entries.lock().unwrap().len() as u64;
+    host.put(BankEntry {
+        id,
+        kind: EntryKind::Skill,
+        text: reply["episode_skill"].as_str().unwrap_or("").into(),
+        task_id: request.task_id.clone(),
+        extra,
+        ..BankEntry::default()
+    });
+    id
 }
 
-impl TestHost {
-    /// Answers reflection `ticket` (1-based) with `reply`, as the skill creator would: a
-    /// Skill entry with the request's extra, `reflection_ticket` and `reply`. Returns its id.
-    fn answer(&self, ticket: u64, reply: Value) -> u64 {
-        let request = self.reflected.borrow()[ticket as usize - 1].clone();
-        let mut extra = request.extra.clone();
-        extra.insert("reflection_ticket".into(), json!(ticket));
-        extra.insert("reply".into(), reply.clone());
-        let id = 100 + self.bank.borrow().len() as u64;
-        self.bank.borrow_mut().push(BankEntry {
-            id,
-            kind: EntryKind::Skill,
-            text: reply["episode_skill"].as_str().unwrap_or("").into(),
-            task_id: request.task_id.clone(),
-            extra,
-            ..BankEntry::default()
-        });
-        id
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        self.metrics
-            .borrow()
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .unwrap_or_else(|| panic!("no metric {name}: {:?}", self.metrics.borrow()))
-            .1
-    }
+/// The last value of metric `name`.
+fn metric(host: &MockHost, name: &str) -> f64 {
+    host.metric(name)
+        .unwrap_or_else(|| panic!("no metric {name}: {:?}", host.metrics.lock().unwrap()))
 }
 
 /// One turn of `task` with the worked example's three tokens and `ℓ_old`, its prompt exactly
@@ -200,12 +128,12 @@ fn failed_reply() -> Value {
 }
 
 /// An `opid` that asked for step 0's analyses and got trajectory 1's answer at step 1.
-fn analysed(config: &str, host: &TestHost) -> Opid {
+fn analysed(config: &str, host: &MockHost) -> Opid {
     let mut opid = Opid::from_config_json(config).unwrap();
     opid.observe(&report(step0(), vec![], vec![]), host)
         .unwrap();
-    assert_eq!(host.reflected.borrow().len(), 2);
-    let id = host.answer(1, failed_reply());
+    assert_eq!(host.reflections.lock().unwrap().len(), 2);
+    let id = answer(host, 1, failed_reply());
     let mut next = step0();
     next.step = 1;
     for r in &mut next.rows {
@@ -229,8 +157,8 @@ fn with_episode_advantage(add: &[f32]) -> Vec<f32> {
 
 #[test]
 fn the_worked_example_through_signals_critical_first() {
-    let host = TestHost::default();
-    let mut opid = analysed("", &host);
+    let host = plain_host();
+    let opid = analysed("", &host);
     // Step 2: a failed row at s1 (the step skill's anchor) and one at s0 (episode skill only).
     let batch = Batch {
         step: 2,
@@ -252,7 +180,7 @@ fn the_worked_example_through_signals_critical_first() {
     );
     // Scored by the version that sampled the rows, on their own sampled ids, under the row's
     // context with the skill injected.
-    let scored = host.scored.borrow();
+    let scored = host.scores.lock().unwrap();
     assert_eq!(scored.len(), 2);
     for r in scored.iter() {
         assert_eq!(r.weights, ScoreWeights::Version(4));
@@ -277,8 +205,8 @@ fn the_worked_example_through_signals_critical_first() {
 
 #[test]
 fn the_worked_example_additive() {
-    let host = TestHost::default();
-    let mut opid = analysed(r#"{"routing": "additive"}"#, &host);
+    let host = plain_host();
+    let opid = analysed(r#"{"routing": "additive"}"#, &host);
     let batch = Batch {
         step: 2,
         rows: vec![row(31, 1, "s1", false, "clean-mug")],
@@ -288,13 +216,13 @@ fn the_worked_example_additive() {
         &with_episode_advantage(&s.advantage_add[0]),
         &[0.5006, 0.5005, 0.5001],
     );
-    assert_eq!(host.scored.borrow().len(), 2);
+    assert_eq!(host.scores.lock().unwrap().len(), 2);
 }
 
 #[test]
 fn routing_is_step_skill_first_then_episode_then_none() {
-    let host = TestHost::default();
-    let mut opid = analysed("", &host);
+    let host = plain_host();
+    let opid = analysed("", &host);
     let mut masked = row(31, 1, "s1", false, "clean-mug");
     masked.response_mask = vec![0, 0, 0];
     let batch = Batch {
@@ -313,8 +241,9 @@ fn routing_is_step_skill_first_then_episode_then_none() {
     let s = opid.signals(&batch, &host).unwrap();
     s.validate_against(&batch).unwrap();
     let contexts: Vec<String> = host
-        .scored
-        .borrow()
+        .scores
+        .lock()
+        .unwrap()
         .iter()
         .map(|r| text(&r.context_ids))
         .collect();
@@ -324,10 +253,10 @@ fn routing_is_step_skill_first_then_episode_then_none() {
     assert_eq!(s.advantage_add[2], [0.0, 0.0, 0.0]);
     assert_eq!(s.advantage_add[3], [0.0, 0.0, 0.0]);
     // Without a step weight the critical row falls back to the episode skill.
-    host.scored.borrow_mut().clear();
-    let mut no_step = analysed(r#"{"w_st": 0.0}"#, &TestHost::default());
+    host.scores.lock().unwrap().clear();
+    let no_step = analysed(r#"{"w_st": 0.0}"#, &plain_host());
     no_step.signals(&batch, &host).unwrap();
-    let contexts = host.scored.borrow();
+    let contexts = host.scores.lock().unwrap();
     assert_eq!(contexts.len(), 2);
     assert!(contexts
         .iter()
@@ -336,11 +265,11 @@ fn routing_is_step_skill_first_then_episode_then_none() {
 
 #[test]
 fn a_task_without_skills_gets_no_teacher_term_and_no_scoring() {
-    let host = TestHost::default();
-    let mut opid = Opid::from_config_json("").unwrap();
+    let host = plain_host();
+    let opid = Opid::from_config_json("").unwrap();
     let s = opid.signals(&step0(), &host).unwrap();
     assert!(s.advantage_add.is_empty());
-    assert!(host.scored.borrow().is_empty());
+    assert!(host.scores.lock().unwrap().is_empty());
     assert!(s
         .metrics
         .iter()
@@ -352,11 +281,8 @@ fn a_prompt_the_builder_does_not_reproduce_is_compared_with_its_rescored_plain_c
     // The row's prompt has something the renderer does not give back (history, tools): the
     // plain context is re-scored with the same weights; here it scores like the skill-free
     // model would, [−0.6, −1.5, −0.3].
-    let host = TestHost {
-        base: [-0.6, -1.5, -0.3],
-        ..TestHost::default()
-    };
-    let mut opid = analysed("", &host);
+    let host = test_host([-0.6, -1.5, -0.3]);
+    let opid = analysed("", &host);
     let mut r = row(31, 0, "s0", false, "clean-mug");
     r.prompt_ids.insert(0, 7);
     let batch = Batch {
@@ -366,11 +292,14 @@ fn a_prompt_the_builder_does_not_reproduce_is_compared_with_its_rescored_plain_c
     let s = opid.signals(&batch, &host).unwrap();
     // D^ep = ℓ^ep − ℓ^plain = [0.1, −0.1, 0.1].
     close(&s.advantage_add[0], &[0.0001, -0.0001, 0.0001]);
-    assert_eq!(host.scored.borrow().len(), 2);
-    assert_eq!(text(&host.scored.borrow()[0].context_ids), "|you are at s0");
+    assert_eq!(host.scores.lock().unwrap().len(), 2);
+    assert_eq!(
+        text(&host.scores.lock().unwrap()[0].context_ids),
+        "|you are at s0"
+    );
     // `reference = "rescored"` always does so, even when the prompt matches.
-    host.scored.borrow_mut().clear();
-    let mut always = analysed(r#"{"reference": "rescored"}"#, &TestHost::default());
+    host.scores.lock().unwrap().clear();
+    let always = analysed(r#"{"reference": "rescored"}"#, &plain_host());
     let exact = Batch {
         step: 2,
         rows: vec![row(31, 0, "s0", false, "clean-mug")],
@@ -378,7 +307,7 @@ fn a_prompt_the_builder_does_not_reproduce_is_compared_with_its_rescored_plain_c
     let s = always.signals(&exact, &host).unwrap();
     close(&s.advantage_add[0], &[0.0001, -0.0001, 0.0001]);
     // With the prompt reproduced, `ℓ_old` is the reference and must be there.
-    let mut plain = analysed("", &TestHost::default());
+    let plain = analysed("", &plain_host());
     let mut missing = row(31, 0, "s0", false, "clean-mug");
     missing.old_logprobs.clear();
     let e = plain
@@ -395,8 +324,8 @@ fn a_prompt_the_builder_does_not_reproduce_is_compared_with_its_rescored_plain_c
 
 #[test]
 fn normalisation_and_clip_apply_before_the_weights() {
-    let host = TestHost::default();
-    let mut opid = analysed(r#"{"normalise": "mean_norm", "clip": 0.05}"#, &host);
+    let host = plain_host();
+    let opid = analysed(r#"{"normalise": "mean_norm", "clip": 0.05}"#, &host);
     let batch = Batch {
         step: 2,
         rows: vec![row(31, 0, "s0", false, "clean-mug")],
@@ -408,7 +337,7 @@ fn normalisation_and_clip_apply_before_the_weights() {
 
 #[test]
 fn observe_asks_one_analysis_per_completed_trajectory_with_a_json_format() {
-    let host = TestHost::default();
+    let host = plain_host();
     let mut opid = Opid::from_config_json("").unwrap();
     let mut b = step0();
     // A trajectory cut by a fault is not analysed.
@@ -417,7 +346,7 @@ fn observe_asks_one_analysis_per_completed_trajectory_with_a_json_format() {
     cut.last_turn = true;
     b.rows.push(cut);
     opid.observe(&report(b, vec![], vec![]), &host).unwrap();
-    let asked = host.reflected.borrow();
+    let asked = host.reflections.lock().unwrap();
     assert_eq!(asked.len(), 2);
     assert_eq!(asked[0].trajectories, [1]);
     assert_eq!(asked[0].kind, EntryKind::Skill);
@@ -430,14 +359,14 @@ fn observe_asks_one_analysis_per_completed_trajectory_with_a_json_format() {
     assert!(asked[0].prompt.contains("avoidance rule"));
     assert!(asked[1].prompt.contains("reusable workflow"));
     assert_eq!(opid.state().pending.len(), 2);
-    assert_eq!(host.metric("opid/reflections_requested"), 2.0);
+    assert_eq!(metric(&host, "opid/reflections_requested"), 2.0);
     drop(asked);
 
-    let failed_only = TestHost::default();
+    let failed_only = plain_host();
     let mut f = Opid::from_config_json(r#"{"failed_only": true, "retries": 0}"#).unwrap();
     f.observe(&report(step0(), vec![], vec![]), &failed_only)
         .unwrap();
-    let asked = failed_only.reflected.borrow();
+    let asked = failed_only.reflections.lock().unwrap();
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].trajectories, [1]);
     assert_eq!(asked[0].extra["reply_format"]["retries"], 0);
@@ -447,11 +376,12 @@ fn observe_asks_one_analysis_per_completed_trajectory_with_a_json_format() {
 fn an_analysis_that_failed_is_counted_and_training_goes_on_without_its_skill() {
     // The skill creator re-asked the analyzer and then gave up on ticket 1 (invalid JSON):
     // it reports the failure; ticket 2 (trajectory 2, the success) is answered.
-    let host = TestHost::default();
+    let host = plain_host();
     let mut opid = Opid::from_config_json("").unwrap();
     opid.observe(&report(step0(), vec![], vec![]), &host)
         .unwrap();
-    let id = host.answer(
+    let id = answer(
+        &host,
         2,
         json!({"episode_skill": "open the drawer first", "step_skills": {}}),
     );
@@ -475,8 +405,8 @@ fn an_analysis_that_failed_is_counted_and_training_goes_on_without_its_skill() {
         &host,
     )
     .unwrap();
-    assert_eq!(host.metric("opid/reflections_failed"), 1.0);
-    assert_eq!(host.metric("opid/analyses_received"), 1.0);
+    assert_eq!(metric(&host, "opid/reflections_failed"), 1.0);
+    assert_eq!(metric(&host, "opid/analyses_received"), 1.0);
     assert_eq!(opid.state().counters.failed, 1);
     // Two new requests for step 1's trajectories are pending; tickets 1 and 2 are settled.
     assert_eq!(
@@ -486,10 +416,11 @@ fn an_analysis_that_failed_is_counted_and_training_goes_on_without_its_skill() {
     // Failed rows get the success's skill as their fallback; nothing for the failed
     // trajectory's own step skills, which never arrived; no error.
     let s = opid.signals(&next, &host).unwrap();
-    assert_eq!(host.scored.borrow().len(), 4);
+    assert_eq!(host.scores.lock().unwrap().len(), 4);
     assert!(host
-        .scored
-        .borrow()
+        .scores
+        .lock()
+        .unwrap()
         .iter()
         .all(|r| text(&r.context_ids).contains("open the drawer first")));
     close(&s.advantage_add[0], &[0.0002, -0.0001, 0.0]);
@@ -497,15 +428,12 @@ fn an_analysis_that_failed_is_counted_and_training_goes_on_without_its_skill() {
 
 #[test]
 fn a_full_reflection_queue_is_counted_not_an_error() {
-    let host = TestHost {
-        room: 1,
-        ..TestHost::default()
-    };
+    let host = plain_host().with_reflection_room(1);
     let mut opid = Opid::from_config_json("").unwrap();
     opid.observe(&report(step0(), vec![], vec![]), &host)
         .unwrap();
-    assert_eq!(host.metric("opid/reflections_requested"), 1.0);
-    assert_eq!(host.metric("opid/reflections_refused"), 1.0);
+    assert_eq!(metric(&host, "opid/reflections_requested"), 1.0);
+    assert_eq!(metric(&host, "opid/reflections_refused"), 1.0);
     assert_eq!(opid.state().counters.refused, 1);
 }
 
@@ -513,12 +441,12 @@ fn a_full_reflection_queue_is_counted_not_an_error() {
 fn the_statistical_selector_names_the_candidate_turns() {
     // Group 1 at s0: trajectory 1 fails (return 0), 2 succeeds (0.95 at s0): the s0 group has
     // variance 0.225625 and is the only eligible one; trajectory 1's turn 0 is below the mean.
-    let host = TestHost::default();
+    let host = plain_host();
     let mut opid = Opid::from_config_json(r#"{"critical": "statistical"}"#).unwrap();
     assert!(opid.requirements().anchor_keys);
     opid.observe(&report(step0(), vec![], vec![]), &host)
         .unwrap();
-    let asked = host.reflected.borrow();
+    let asked = host.reflections.lock().unwrap();
     assert_eq!(asked[0].extra["opid"]["candidates"], json!([0]));
     assert_eq!(asked[1].extra["opid"]["candidates"], json!([]));
     assert!(asked[0]
@@ -527,21 +455,21 @@ fn the_statistical_selector_names_the_candidate_turns() {
     assert!(asked[1]
         .prompt
         .contains("\"step_skills\": an empty object {}."));
-    assert_eq!(host.metric("opid/critical_turns"), 1.0);
+    assert_eq!(metric(&host, "opid/critical_turns"), 1.0);
     drop(asked);
     // The answer's step skill for turn 1 is not a candidate: dropped.
-    let id = host.answer(1, failed_reply());
+    let id = answer(&host, 1, failed_reply());
     let mut next = step0();
     next.step = 1;
     opid.observe(&report(next, vec![id], vec![]), &host)
         .unwrap();
-    assert_eq!(host.metric("opid/step_skills_dropped"), 1.0);
-    assert_eq!(host.metric("opid/step_skills_kept"), 0.0);
+    assert_eq!(metric(&host, "opid/step_skills_dropped"), 1.0);
+    assert_eq!(metric(&host, "opid/step_skills_kept"), 0.0);
 }
 
 #[test]
 fn state_round_trips_and_a_resume_drops_pending_tickets() {
-    let host = TestHost::default();
+    let host = plain_host();
     let opid = analysed("", &host);
     let saved = opid.save_state().unwrap();
     let mut resumed = Opid::from_config_json("").unwrap();
@@ -558,7 +486,7 @@ fn state_round_trips_and_a_resume_drops_pending_tickets() {
 
 #[test]
 fn unanswered_tickets_expire() {
-    let host = TestHost::default();
+    let host = plain_host();
     let mut opid = Opid::from_config_json(r#"{"failed_only": true}"#).unwrap();
     opid.observe(&report(step0(), vec![], vec![]), &host)
         .unwrap();
@@ -567,7 +495,7 @@ fn unanswered_tickets_expire() {
         ..Batch::default()
     };
     opid.observe(&report(late, vec![], vec![]), &host).unwrap();
-    assert_eq!(host.metric("opid/pending_expired"), 1.0);
+    assert_eq!(metric(&host, "opid/pending_expired"), 1.0);
     assert!(opid.state().pending.is_empty());
 }
 

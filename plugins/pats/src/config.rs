@@ -3,6 +3,7 @@
 //!
 //! Every constant here is ours (Pats is a proposal; see `docs/algorithms/pats.md`).
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::{PluginError, Result};
 use serde::Deserialize;
 
@@ -65,19 +66,19 @@ impl PatsConfig {
             "`scaffolded_slots` = 0: no slot would see the scaffold; give at least 1, or leave \
              the key out for half the group",
         )?;
-        check(
-            self.delta.is_finite() && (0.0..1.0).contains(&self.delta),
-            format!(
-                "`delta` = {}: the gain band must be in [0, 1) (proposed 0.05)",
-                self.delta
-            ),
+        check_range(
+            "delta",
+            self.delta,
+            Range::ClosedOpen(0.0, 1.0),
+            "the gain band",
+            "proposed 0.05",
         )?;
-        check(
-            self.tau_solve.is_finite() && self.tau_solve > 0.0 && self.tau_solve <= 1.0,
-            format!(
-                "`tau_solve` = {}: a success rate threshold must be in (0, 1] (proposed 0.8)",
-                self.tau_solve
-            ),
+        check_range(
+            "tau_solve",
+            self.tau_solve,
+            Range::OpenClosed(0.0, 1.0),
+            "a success rate threshold",
+            "proposed 0.8",
         )?;
         check(
             self.window >= 1,

@@ -59,8 +59,8 @@ use std::collections::BTreeSet;
 
 use cairn_plugin_sdk::{
     Algorithm, BankQuery, Batch, ContextVariant, EntryKind, EntryStatus, GroupRequest, Host,
-    PluginError, RenderRequest, Requirements, Result, Role, Signals, StepReport, TeacherForm,
-    TeacherSource, TeacherTarget, TeacherTerm,
+    RenderRequest, Requirements, Result, Role, Signals, StepReport, TeacherForm, TeacherSource,
+    TeacherTarget, TeacherTerm,
 };
 
 use crate::arms::{plain_variant, scaffolded_variant, GroupArms, Played, ScaffoldRef};
@@ -183,7 +183,7 @@ impl Algorithm for Pats {
             .collect())
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let groups = arms::groups(batch)?;
         let contrasts: Vec<&GroupArms> = groups.iter().filter(|g| g.is_contrast()).collect();
         let in_play: BTreeSet<(&str, ScaffoldRef)> = contrasts
@@ -239,17 +239,14 @@ impl Algorithm for Pats {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the pats state: {e}")))
+        cairn_plugin_sdk::state::save_state("pats", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("pats", state)? {
+            self.state = state;
+            self.resumed = !self.state.pending.is_empty();
         }
-        self.state = serde_json::from_str(state)
-            .map_err(|e| PluginError::input(format!("the pats state is not valid: {e}")))?;
-        self.resumed = !self.state.pending.is_empty();
         Ok(())
     }
 }

@@ -243,7 +243,7 @@ impl Algorithm for Reskill {
         Ok(TurnContext::Variant { variant })
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> Result<Signals> {
         let with_skills = batch
             .rows
             .iter()
@@ -299,16 +299,15 @@ impl Algorithm for Reskill {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the reskill state: {e}")))
+        cairn_plugin_sdk::state::save_state("reskill", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
+        let Some(mut state) =
+            cairn_plugin_sdk::state::load_state::<ReskillState>("reskill", state)?
+        else {
             return Ok(());
-        }
-        let mut state: ReskillState = serde_json::from_str(state)
-            .map_err(|e| PluginError::input(format!("the reskill state is not valid: {e}")))?;
+        };
         // The kernel does not checkpoint queued reflections and counts tickets from 1 again
         // after a resume, so a pending ticket would never be answered.
         state.pending = None;

@@ -39,8 +39,8 @@
 
 use cairn_opsd::{teacher, Creator, Teachers};
 use cairn_plugin_sdk::{
-    Algorithm, AuxTerm, Batch, EntryKind, Host, PluginError, Requirements, Result, Role, Signals,
-    StepReport, TeacherSource, TeacherTarget, TeacherTerm, TurnRow,
+    Algorithm, AuxTerm, Batch, EntryKind, Host, Requirements, Result, Role, Signals, StepReport,
+    TeacherSource, TeacherTarget, TeacherTerm, TurnRow,
 };
 use serde::{Deserialize, Serialize};
 
@@ -177,7 +177,7 @@ impl Algorithm for Sdar {
         }
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         let teachers =
             teacher::score(&self.config.skills, batch, host, self.config.scored_top_k())?;
         Ok(distill(&self.config, batch, &teachers))
@@ -196,19 +196,13 @@ impl Algorithm for Sdar {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the sdar state: {e}")))
+        cairn_plugin_sdk::state::save_state("sdar", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("sdar", state)? {
+            self.state = state;
         }
-        self.state = serde_json::from_str(state).map_err(|e| {
-            PluginError::input(format!(
-                "the sdar state is not valid ({e}); resume with the checkpoint of an sdar run"
-            ))
-        })?;
         Ok(())
     }
 }

@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 
-use cairn_opsd::testing::{render, row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, render, row, skill, MockHost, Teacher};
 use cairn_opsd::{RowTeacher, TeacherCounts};
 use cairn_plugin_sdk::{ScoreWeights, TeacherForm};
 
@@ -154,14 +154,21 @@ fn masked_tokens_get_no_gate_and_no_coefficient() {
 /// A batch of two tasks, one with a skill: rows 0 and 1 (task `t`, different responses) get a
 /// teacher, row 2 (task `u`) has no skill, row 3 has no trainable token.
 fn scored_batch() -> (Batch, MockHost) {
-    let mut host = MockHost {
-        teacher: HashMap::from([
+    scored_batch_with(|_| {})
+}
+
+/// [`scored_batch`] with the teacher's answers changed by `edit`.
+fn scored_batch_with(edit: impl FnOnce(&mut Teacher)) -> (Batch, MockHost) {
+    let mut teacher = Teacher {
+        logprobs: HashMap::from([
             (vec![5, 6], vec![-0.4, -0.9]),
             (vec![7, 8], vec![-2.0, -0.1]),
         ]),
-        ..MockHost::default()
+        default_logprob: -3.0,
+        ..Teacher::default()
     };
-    host.default_logprob = -3.0;
+    edit(&mut teacher);
+    let host = mock_host(teacher);
     host.put(skill(1, Some("t"), "open the drawer first"));
     let mut masked = row(2, 4, "t", &[9], &[-1.0]);
     masked.response_mask = vec![0];
@@ -180,10 +187,10 @@ fn scored_batch() -> (Batch, MockHost) {
 #[test]
 fn signals_score_the_rows_with_a_skill_under_the_skill_context() {
     let (batch, host) = scored_batch();
-    let mut sdar = Sdar::from_config_json(r#"{"form": "reverse_kl"}"#).unwrap();
+    let sdar = Sdar::from_config_json(r#"{"form": "reverse_kl"}"#).unwrap();
     let s = sdar.signals(&batch, &host).unwrap();
     s.validate_against(&batch).unwrap();
-    let scored = host.scored.lock().unwrap().clone();
+    let scored = host.scores.lock().unwrap().clone();
     assert_eq!(
         scored.len(),
         2,
@@ -236,11 +243,11 @@ fn signals_score_the_rows_with_a_skill_under_the_skill_context() {
 #[test]
 fn the_top_k_forms_ask_for_the_teachers_top_k_and_keep_the_gate() {
     let (batch, host) = scored_batch();
-    let mut sdar = Sdar::from_config_json(r#"{"form": "top_k_forward_kl", "top_k": 2}"#).unwrap();
+    let sdar = Sdar::from_config_json(r#"{"form": "top_k_forward_kl", "top_k": 2}"#).unwrap();
     assert!(sdar.requirements().teacher_topk);
     let s = sdar.signals(&batch, &host).unwrap();
     s.validate_against(&batch).unwrap();
-    assert!(host.scored.lock().unwrap().iter().all(|r| r.top_k == 2));
+    assert!(host.scores.lock().unwrap().iter().all(|r| r.top_k == 2));
     let term = &s.teacher[0];
     assert_eq!(term.form, TeacherForm::TopKForwardKl { k: 2 });
     let TeacherSource::Fixed {
@@ -260,10 +267,10 @@ fn the_top_k_forms_ask_for_the_teachers_top_k_and_keep_the_gate() {
 
 #[test]
 fn bad_teacher_values_are_counted_drops_and_a_missing_l_old_is_an_error() {
-    let (batch, mut host) = scored_batch();
-    host.teacher
-        .insert(vec![7, 8], vec![f32::NEG_INFINITY, -0.1]);
-    let mut sdar = Sdar::from_config_json("").unwrap();
+    let (batch, host) = scored_batch_with(|t| {
+        t.logprobs.insert(vec![7, 8], vec![f32::NEG_INFINITY, -0.1]);
+    });
+    let sdar = Sdar::from_config_json("").unwrap();
     let s = sdar.signals(&batch, &host).unwrap();
     assert_eq!(metric(&s, "sdar/rows_nonfinite"), 1.0);
     assert_eq!(metric(&s, "sdar/rows_with_teacher"), 1.0);

@@ -4,6 +4,7 @@
 //! Defaults are UCOB's (github TU2021/UCOB, `ucob_trainer.yaml` and the `cbsd` block its
 //! `main_ucob.py` reads) where UCOB has the key; the field says "ours" where it does not.
 
+use cairn_plugin_sdk::config::{check_range, Range};
 use cairn_plugin_sdk::{PluginError, Result, TeacherForm};
 use serde::{Deserialize, Serialize};
 
@@ -262,12 +263,12 @@ impl UcobConfig {
             self.topk_k >= 1,
             "`topk_k` = 0: the top-k form needs k ≥ 1 (UCOB uses 32)",
         )?;
-        PluginError::check_config(
-            self.gate_beta.is_finite() && self.gate_beta >= 0.0,
-            format!(
-                "`gate_beta` = {}: must be finite and ≥ 0 (UCOB uses 5.0)",
-                self.gate_beta
-            ),
+        check_range(
+            "gate_beta",
+            self.gate_beta,
+            Range::AtLeast(0.0),
+            "",
+            "UCOB uses 5.0",
         )?;
         PluginError::check_config(
             self.action_weight.is_finite() && self.action_weight >= 0.0,
@@ -291,12 +292,12 @@ impl UcobConfig {
                 )?;
             }
         }
-        PluginError::check_config(
-            (0.0..=1.0).contains(&self.gamma),
-            format!(
-                "`gamma` = {}: the discount must be in [0, 1] (UCOB uses 0.95)",
-                self.gamma
-            ),
+        check_range(
+            "gamma",
+            self.gamma,
+            Range::Closed(0.0, 1.0),
+            "the discount",
+            "UCOB uses 0.95",
         )?;
         PluginError::check_config(
             self.skills_top_k >= 1,

@@ -134,7 +134,7 @@ impl Algorithm for Ucob {
         Ok(plan::slots(n, &none, Some(&good)))
     }
 
-    fn signals(&mut self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
+    fn signals(&self, batch: &Batch, host: &dyn Host) -> Result<Signals> {
         cbsd::signals(&self.config, batch, host)
     }
 
@@ -169,19 +169,13 @@ impl Algorithm for Ucob {
     }
 
     fn save_state(&self) -> Result<String> {
-        serde_json::to_string(&self.state)
-            .map_err(|e| PluginError::internal(format!("serialising the ucob state: {e}")))
+        cairn_plugin_sdk::state::save_state("ucob", &self.state)
     }
 
     fn load_state(&mut self, state: &str) -> Result<()> {
-        if state.is_empty() {
-            return Ok(());
+        if let Some(state) = cairn_plugin_sdk::state::load_state("ucob", state)? {
+            self.state = state;
         }
-        self.state = serde_json::from_str(state).map_err(|e| {
-            PluginError::input(format!(
-                "the ucob state is not valid ({e}); resume with the checkpoint of a ucob run"
-            ))
-        })?;
         Ok(())
     }
 }

@@ -142,7 +142,7 @@ pub fn skill_ids(variant: &ContextVariant) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{skill, MockHost};
+    use crate::testing::{mock_host, skill};
 
     fn request(task: &str, n: u32) -> GroupRequest {
         GroupRequest {
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn retrieval_takes_the_top_skills_of_the_task_and_general_ones_in_rank_order() {
-        let host = MockHost::default();
+        let host = mock_host();
         host.put(skill(1, None, "general one"));
         host.put(skill(2, Some("t1"), "task one"));
         host.put(skill(8, None, " task one")); // the same text again: shown once

@@ -1,52 +1,47 @@
-//! Test fixtures: a mock host (an in-memory bank, a byte-level prompt builder and tokenizer,
-//! a deterministic scorer with top-k) and row builders.
-
-use std::sync::Mutex;
+//! Test fixtures: the SDK's mock host with a deterministic scorer with top-k, and row
+//! builders.
 
 use cairn_plugin_sdk::{
-    BankEntry, BankQuery, Batch, ContextVariant, EntryKind, EntryStatus, FinishReason,
-    GroupRequest, Host, PluginError, ReflectionRequest, RenderRequest, Result, Retrieved,
-    ScoreRequest, Scored, StatsUpdate, TurnRow,
+    BankEntry, Batch, ContextVariant, EntryKind, FinishReason, GroupRequest, PluginError,
+    ScoreRequest, Scored, TurnRow,
 };
 
 use crate::plan::{good_variant, none_variant};
 
-/// A host whose bank is a list ranked by id (the mock ignores the query text), whose prompts
-/// render as the bytes of `inject + "|" + observation`, whose tokenizer gives the bytes of a
-/// text, whose scores are [`score`] (top-k: [`top`]), and which records every call.
-#[derive(Default)]
-pub struct MockHost {
-    pub entries: Mutex<Vec<BankEntry>>,
-    pub queries: Mutex<Vec<BankQuery>>,
-    pub updates: Mutex<Vec<StatsUpdate>>,
-    pub reflections: Mutex<Vec<ReflectionRequest>>,
-    pub scores: Mutex<Vec<ScoreRequest>>,
-    pub renders: Mutex<Vec<RenderRequest>>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
-    /// `score` with `top_k > 0` fails (a backend without top-k).
-    pub no_topk: bool,
-    /// `reflect` fails (a full queue).
-    pub refuse_reflections: bool,
+pub use cairn_plugin_sdk::testing::{render_bytes as render, MockHost};
+
+/// The SDK's mock host (an in-memory bank ranked by insertion order, prompts rendered as the
+/// bytes of `inject + "|" + observation`, text tokenized as its bytes, every call recorded)
+/// scoring with [`score`] (top-k: [`top`]).
+pub fn mock_host() -> MockHost {
+    MockHost::default().with_scorer(|r| Ok(scored(r)))
 }
 
-impl MockHost {
-    pub fn put(&self, e: BankEntry) {
-        self.entries.lock().unwrap().push(e);
-    }
-
-    /// The last value logged under `name`.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        let metrics = self.metrics.lock().unwrap();
-        metrics.iter().rev().find(|(n, _)| n == name).map(|m| m.1)
-    }
+/// [`mock_host`] on a backend without top-k: a score request with `top_k > 0` fails.
+pub fn host_without_topk() -> MockHost {
+    MockHost::default().with_scorer(|r| {
+        if r.top_k > 0 {
+            return Err(PluginError::host("this backend cannot return top-k scores"));
+        }
+        Ok(scored(r))
+    })
 }
 
-/// What [`MockHost::render_prompt`] returns.
-pub fn render(inject: &str, observation: &str) -> Vec<u32> {
-    format!("{inject}|{observation}")
-        .bytes()
-        .map(u32::from)
-        .collect()
+fn scored(r: &ScoreRequest) -> Scored {
+    let logprobs = r
+        .response_ids
+        .iter()
+        .enumerate()
+        .map(|(l, &id)| score(&r.context_ids, id, l))
+        .collect();
+    let k = r.top_k as usize;
+    let (ids, lps) = top(k);
+    let n = r.response_ids.len();
+    Scored {
+        logprobs,
+        top_ids: ids.iter().copied().cycle().take(n * k).collect(),
+        top_logprobs: lps.iter().copied().cycle().take(n * k).collect(),
+    }
 }
 
 /// The mock's log-prob of response token `l` (id `id`) after `context`.
@@ -61,96 +56,6 @@ pub fn top(k: usize) -> (Vec<u32>, Vec<f32>) {
         (0..k as u32).collect(),
         (0..k).map(|j| -0.5 * (j + 1) as f32).collect(),
     )
-}
-
-impl Host for MockHost {
-    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
-        self.scores.lock().unwrap().extend_from_slice(requests);
-        if self.no_topk && requests.iter().any(|r| r.top_k > 0) {
-            return Err(PluginError::host("this backend cannot return top-k scores"));
-        }
-        Ok(requests
-            .iter()
-            .map(|r| {
-                let logprobs = r
-                    .response_ids
-                    .iter()
-                    .enumerate()
-                    .map(|(l, &id)| score(&r.context_ids, id, l))
-                    .collect();
-                let k = r.top_k as usize;
-                let (ids, lps) = top(k);
-                let n = r.response_ids.len();
-                Scored {
-                    logprobs,
-                    top_ids: ids.iter().copied().cycle().take(n * k).collect(),
-                    top_logprobs: lps.iter().copied().cycle().take(n * k).collect(),
-                }
-            })
-            .collect())
-    }
-
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(text.bytes().map(u32::from).collect())
-    }
-
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        self.renders.lock().unwrap().push(r.clone());
-        Ok(render(&r.variant.inject, &r.observation.text))
-    }
-
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        self.queries.lock().unwrap().push(q.clone());
-        let entries = self.entries.lock().unwrap();
-        let statuses = if q.statuses.is_empty() {
-            vec![EntryStatus::Active, EntryStatus::UnderTest]
-        } else {
-            q.statuses.clone()
-        };
-        Ok(entries
-            .iter()
-            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
-            .filter(|e| statuses.contains(&e.status))
-            .filter(|e| match &q.task_id {
-                None => true,
-                Some(t) => {
-                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
-                }
-            })
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 1.0,
-            })
-            .collect())
-    }
-
-    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
-        let entries = self.entries.lock().unwrap();
-        for u in updates {
-            if !entries.iter().any(|e| e.id == u.id) {
-                return Err(PluginError::host(format!("no entry {}", u.id)));
-            }
-        }
-        self.updates.lock().unwrap().extend_from_slice(updates);
-        Ok(())
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        if self.refuse_reflections {
-            return Err(PluginError::host(
-                "the skill creator's queue is full (skills.queue)",
-            ));
-        }
-        let mut r = self.reflections.lock().unwrap();
-        let first = r.len() as u64 + 1;
-        r.extend_from_slice(requests);
-        Ok((first..first + requests.len() as u64).collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap().push((name.into(), value));
-    }
 }
 
 /// An active skill.

@@ -7,7 +7,9 @@ use cairn_plugin_sdk::{
 use crate::cbsd::{aux_info, TERM};
 use crate::config::{Branch, UcobConfig};
 use crate::plan::{skill_ids, BRANCH_KEY};
-use crate::testing::{batch, group_request, render, row, score, skill, top, trajectory, MockHost};
+use crate::testing::{
+    batch, group_request, host_without_topk, mock_host, render, row, score, skill, top, trajectory,
+};
 use crate::tokens::gate;
 use crate::Ucob;
 
@@ -46,7 +48,7 @@ fn requirements_declare_a_planner_over_anchor_groups_with_scores_bank_and_reflec
 
 #[test]
 fn plan_group_splits_the_group_and_injects_the_retrieved_skills() {
-    let host = MockHost::default();
+    let host = mock_host();
     host.put(skill(3, None, "open containers before searching them"));
     host.put(skill(4, Some("t1"), "the mug is usually in the cabinet"));
     let mut ucob = Ucob::from_config_json("").unwrap();
@@ -70,7 +72,7 @@ fn plan_group_splits_the_group_and_injects_the_retrieved_skills() {
     assert_eq!(host.metric("ucob/skills_too_long"), Some(0.0));
 
     // An empty bank: every slot runs without skills, and the group is counted.
-    let empty = MockHost::default();
+    let empty = mock_host();
     let slots = ucob.plan_group(&group_request(2), &empty).unwrap();
     assert!(slots.iter().all(|v| v.extra[BRANCH_KEY] == "none"));
     assert_eq!(empty.metric("ucob/groups_without_skills"), Some(1.0));
@@ -83,10 +85,10 @@ fn plan_group_splits_the_group_and_injects_the_retrieved_skills() {
 
 #[test]
 fn the_worked_example_trains_the_winners_sampled_ids_under_the_targets_no_skill_prompts() {
-    let host = MockHost::default();
+    let host = mock_host();
     let rows = example_rows();
     let b = batch(0, rows.clone());
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&b, &host).unwrap();
     s.validate_against(&b).unwrap();
     assert!(s.advantages.is_empty(), "a planner gives no advantages");
@@ -206,10 +208,10 @@ fn the_worked_example_trains_the_winners_sampled_ids_under_the_targets_no_skill_
 
 #[test]
 fn an_empty_bank_gives_no_pairs_and_counts_the_cells() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = trajectory(1, 10, false, &["s0"], 1.0);
     rows.extend(trajectory(1, 11, false, &["s0"], 0.0));
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&batch(0, rows), &host).unwrap();
     // The winner (none, 1.0) would teach the skill view, which this group never had.
     assert_eq!(metric(&s, "ucob/cells_without_skills"), 1.0);
@@ -222,11 +224,11 @@ fn an_empty_bank_gives_no_pairs_and_counts_the_cells() {
 
 #[test]
 fn a_no_skill_winner_teaches_the_skill_view_through_the_groups_skill_prompt() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = trajectory(1, 10, false, &["s0"], 1.0);
     rows.extend(trajectory(1, 11, false, &["s0"], 0.0));
     rows.extend(trajectory(1, 12, true, &["s0"], 0.0));
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&batch(0, rows.clone()), &host).unwrap();
     assert_eq!(metric(&s, "ucob/pairs_none_to_good"), 2.0);
     // Row 1 (none) gets the skill view of its observation; row 2 (good) its own prompt.
@@ -245,13 +247,10 @@ fn a_no_skill_winner_teaches_the_skill_view_through_the_groups_skill_prompt() {
 
 #[test]
 fn without_top_k_scores_the_gated_sampled_form_is_used_and_counted() {
-    let host = MockHost {
-        no_topk: true,
-        ..MockHost::default()
-    };
+    let host = host_without_topk();
     let rows = example_rows();
     let b = batch(0, rows.clone());
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&b, &host).unwrap();
     s.validate_against(&b).unwrap();
     assert_eq!(metric(&s, "ucob/topk_unavailable"), 1.0);
@@ -289,8 +288,8 @@ fn without_top_k_scores_the_gated_sampled_form_is_used_and_counted() {
     );
 
     // `loss = "sampled"` never asks for top-k.
-    let host = MockHost::default();
-    let mut ucob = Ucob::from_config_json(r#"{"loss": "sampled"}"#).unwrap();
+    let host = mock_host();
+    let ucob = Ucob::from_config_json(r#"{"loss": "sampled"}"#).unwrap();
     let s = ucob.signals(&b, &host).unwrap();
     assert_eq!(s.aux.len(), 1);
     assert!(!s.metrics.iter().any(|(n, _)| n == "ucob/topk_unavailable"));
@@ -299,11 +298,11 @@ fn without_top_k_scores_the_gated_sampled_form_is_used_and_counted() {
 
 #[test]
 fn a_row_whose_prompt_the_builder_does_not_reproduce_has_no_other_view() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = example_rows();
     // D's prompt came from somewhere else (a per-turn hook, a tool schema).
     rows[6].prompt_ids.push(99);
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&batch(0, rows.clone()), &host).unwrap();
     assert_eq!(metric(&s, "ucob/render_mismatch"), 1.0);
     assert_eq!(metric(&s, "ucob/pairs"), 1.0);
@@ -315,15 +314,15 @@ fn a_row_whose_prompt_the_builder_does_not_reproduce_has_no_other_view() {
 
 #[test]
 fn rejected_and_unsampled_turns_are_not_records() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = example_rows();
     rows[5].feedback = -1; // C@s0: an invalid action
     rows[6].response_mask = vec![0, 0, 0]; // D@s0: nothing sampled
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let s = ucob.signals(&batch(0, rows.clone()), &host).unwrap();
     assert_eq!(metric(&s, "ucob/records"), 5.0);
     assert_eq!(metric(&s, "ucob/pairs"), 0.0);
-    let mut ucob = Ucob::from_config_json(r#"{"skip_invalid": false}"#).unwrap();
+    let ucob = Ucob::from_config_json(r#"{"skip_invalid": false}"#).unwrap();
     let s = ucob.signals(&batch(0, rows), &host).unwrap();
     assert_eq!(metric(&s, "ucob/records"), 6.0);
     assert_eq!(metric(&s, "ucob/pairs"), 1.0);
@@ -331,10 +330,10 @@ fn rejected_and_unsampled_turns_are_not_records() {
 
 #[test]
 fn bad_rows_are_errors_that_name_them() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = example_rows();
     rows[2].anchor = None;
-    let mut ucob = Ucob::from_config_json("").unwrap();
+    let ucob = Ucob::from_config_json("").unwrap();
     let e = ucob.signals(&batch(0, rows), &host).unwrap_err();
     assert!(
         e.message
@@ -349,7 +348,7 @@ fn bad_rows_are_errors_that_name_them() {
 
 #[test]
 fn action_scope_and_tagged_spans_weigh_only_the_action() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = example_rows();
     // B@s0 answers `x<a>yz` + stop, C@s0 `<a>c` + stop: the bytes of "<a>" are [60, 97, 62].
     rows[3].response_ids = vec![120, 60, 97, 62, 121, 122, 2];
@@ -360,7 +359,7 @@ fn action_scope_and_tagged_spans_weigh_only_the_action() {
     rows[5].response_logprobs = vec![-0.5; 5];
     rows[5].old_logprobs = vec![-0.5; 5];
     rows[5].response_mask = vec![1; 5];
-    let mut ucob = Ucob::from_config_json(
+    let ucob = Ucob::from_config_json(
         r#"{"action_span": "tagged", "action_open": "<a>", "action_close": "</a>",
             "scope": "action"}"#,
     )
@@ -385,7 +384,7 @@ fn report(step: u64, rows: Vec<TurnRow>) -> StepReport {
 
 #[test]
 fn observe_asks_the_skill_creator_about_a_success_and_its_contrast_with_a_cooldown() {
-    let host = MockHost::default();
+    let host = mock_host();
     host.put(skill(7, None, "look first"));
     let mut ucob = Ucob::from_config_json(r#"{"reflection_cooldown": 2}"#).unwrap();
     // Group 1: A (none) and B (good) succeed, C and D fail; group 2: nobody succeeds.
@@ -431,7 +430,7 @@ fn observe_asks_the_skill_creator_about_a_success_and_its_contrast_with_a_cooldo
     assert_eq!(host.reflections.lock().unwrap().len(), 2);
 
     // A task whose bank holds `max_skills_per_task` skills gets no more.
-    let full = MockHost::default();
+    let full = mock_host();
     for id in 1..=3 {
         full.put(skill(id, Some("t1"), "a skill"));
     }
@@ -440,10 +439,7 @@ fn observe_asks_the_skill_creator_about_a_success_and_its_contrast_with_a_cooldo
     assert!(full.reflections.lock().unwrap().is_empty());
 
     // A refused call is counted; training goes on.
-    let busy = MockHost {
-        refuse_reflections: true,
-        ..MockHost::default()
-    };
+    let busy = mock_host().refusing_reflections();
     let mut fresh = Ucob::from_config_json("").unwrap();
     fresh.observe(&report(0, rows), &busy).unwrap();
     assert_eq!(busy.metric("ucob/reflections_refused"), Some(1.0));
@@ -452,7 +448,7 @@ fn observe_asks_the_skill_creator_about_a_success_and_its_contrast_with_a_cooldo
 
 #[test]
 fn observe_caps_the_requests_per_step_and_can_be_switched_off() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut rows = Vec::new();
     for g in 1..=4 {
         rows.extend(trajectory(g, g * 10, false, &["s0"], 1.0));
@@ -470,7 +466,7 @@ fn observe_caps_the_requests_per_step_and_can_be_switched_off() {
         tasks,
         [Some("t1".into()), Some("t2".into()), Some("t3".into())]
     );
-    let off = MockHost::default();
+    let off = mock_host();
     let mut ucob = Ucob::from_config_json(r#"{"max_reflections_per_step": 0}"#).unwrap();
     ucob.observe(&report(0, rows), &off).unwrap();
     assert!(off.reflections.lock().unwrap().is_empty());
@@ -479,7 +475,7 @@ fn observe_caps_the_requests_per_step_and_can_be_switched_off() {
 
 #[test]
 fn the_state_round_trips_and_a_bad_state_is_refused() {
-    let host = MockHost::default();
+    let host = mock_host();
     let mut ucob = Ucob::from_config_json("").unwrap();
     ucob.observe(&report(3, example_rows()), &host).unwrap();
     let saved = ucob.save_state().unwrap();

@@ -1,4 +1,4 @@
-//! `echo` stacked on `grpo` and on `gigpo` through `cairn_kernel::stack::Stack`: the worked
+//! `echo` stacked on `grpo` and on `gigpo` through `cairn_plugin_sdk::Stack`: the worked
 //! example's final advantages exactly, routing only on the success's evidence turns and
 //! selection tokens, and the estimator's advantages untouched everywhere else, bit for bit.
 
@@ -6,7 +6,7 @@ use cairn_echo::testing::TestHost;
 use cairn_echo::Echo;
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
-use cairn_kernel::stack::{Member, Stack};
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, Role, TurnRow};
 use serde_json::json;
 
@@ -88,9 +88,9 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
     let host = TestHost::default();
     let b = batch(&host);
-    let mut alone = alone;
+    let alone = alone;
     let want = alone.signals(&b, &host).unwrap();
-    let mut stack = Stack::new(vec![
+    let stack = Stack::new(vec![
         member(estimator, base),
         member("echo", Box::new(Echo::from_config_json("").unwrap())),
     ])

@@ -4,81 +4,31 @@
 mod objective;
 mod stack;
 
-use std::sync::Mutex;
-
 use cairn_edge::Edge;
-use cairn_plugin_sdk::{
-    Algorithm, BankEntry, BankQuery, ContextVariant, GroupRequest, Host, RenderRequest, Result,
-    Retrieved, TurnRow,
-};
+pub use cairn_plugin_sdk::testing::render_bytes as render;
+use cairn_plugin_sdk::testing::MockHost;
+use cairn_plugin_sdk::{Algorithm, BankEntry, ContextVariant, GroupRequest, TurnRow};
 
-/// A host with a fixed bank (every entry matches, in id order) that renders a prompt as the
-/// bytes of `inject + "|" + observation`.
-pub struct TestHost {
-    pub bank: Vec<BankEntry>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
-}
-
-impl Default for TestHost {
-    fn default() -> Self {
-        TestHost {
-            bank: vec![
-                BankEntry {
-                    id: 1,
-                    text: "open the drawer before searching it".into(),
-                    ..BankEntry::default()
-                },
-                BankEntry {
-                    id: 2,
-                    text: "mugs are usually in the cabinet".into(),
-                    task_id: Some("clean-mug".into()),
-                    ..BankEntry::default()
-                },
-            ],
-            metrics: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl Host for TestHost {
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        Ok(render(&r.variant.inject, &r.observation.text))
-    }
-
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        Ok(self
-            .bank
-            .iter()
-            .filter(|e| match &q.task_id {
-                None => true,
-                Some(t) => {
-                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
-                }
-            })
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 1.0,
-            })
-            .collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        if let Ok(mut m) = self.metrics.lock() {
-            m.push((name.into(), value));
-        }
-    }
-}
-
-pub fn render(inject: &str, observation: &str) -> Vec<u32> {
-    format!("{inject}|{observation}")
-        .bytes()
-        .map(u32::from)
-        .collect()
+/// The SDK's mock host with a fixed bank (in id order): a general experience and one of
+/// task `clean-mug`; prompts render as the bytes of `inject + "|" + observation` ([`render`]).
+pub fn test_host() -> MockHost {
+    let host = MockHost::default();
+    host.put(BankEntry {
+        id: 1,
+        text: "open the drawer before searching it".into(),
+        ..BankEntry::default()
+    });
+    host.put(BankEntry {
+        id: 2,
+        text: "mugs are usually in the cabinet".into(),
+        task_id: Some("clean-mug".into()),
+        ..BankEntry::default()
+    });
+    host
 }
 
 /// The slots `edge` plans for group `group` (4 slots, task `clean-mug`) at step 0.
-pub fn plan(edge: &mut Edge, host: &TestHost, group: u64) -> Vec<ContextVariant> {
+pub fn plan(edge: &mut Edge, host: &MockHost, group: u64) -> Vec<ContextVariant> {
     edge.plan_group(
         &GroupRequest {
             step: 0,

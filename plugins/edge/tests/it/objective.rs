@@ -7,11 +7,11 @@ use cairn_kernel::loss::{TeacherScores, TokenLoss, TokenScores};
 use cairn_kernel::objective::{ObjectiveConfig, RlLoss};
 use cairn_plugin_sdk::{Algorithm, Batch, TeacherSource, TurnRow};
 
-use crate::{plan, render, row, TestHost};
+use crate::{plan, render, row, test_host};
 
 #[test]
 fn the_worked_example_gives_the_papers_loss_and_gradient() {
-    let host = TestHost::default();
+    let host = test_host();
     let mut edge = Edge::from_config_json("").unwrap();
     let slots = plan(&mut edge, &host, 1);
     // E1 succeeds; E2, N1, N2 fail; all at `s0`.

@@ -1,13 +1,14 @@
-//! `edge` stacked on `grpo` and on `gigpo` (`cairn_kernel::stack::Stack`): the estimator's
+//! `edge` stacked on `grpo` and on `gigpo` (`cairn_plugin_sdk::Stack`): the estimator's
 //! advantages are untouched, bit for bit; `edge` adds its teacher term and its metrics only.
 
 use cairn_edge::Edge;
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
-use cairn_kernel::stack::{Member, Stack};
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, GroupRequest, Role, Signals, TurnRow};
 
-use crate::{plan, row, TestHost};
+use crate::{plan, row, test_host};
+use cairn_plugin_sdk::testing::MockHost;
 
 fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
     Member {
@@ -21,7 +22,7 @@ fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
 /// Group 1: E1 succeeds via s0 → s1; E2 fails via s0 → s2; N1 fails via s0 → s2; N2 fails via
 /// s0 → s3: the cell s0 is admitted (N1@s0, N2@s0), s2 is not (no arm succeeded there).
 /// Group 2: both arms succeed once: nothing admitted.
-fn batch(host: &TestHost) -> Batch {
+fn batch(host: &MockHost) -> Batch {
     let mut edge = Edge::from_config_json("").unwrap();
     let mut rows: Vec<TurnRow> = Vec::new();
     for (group, outcomes) in [(1, [10.0, 0.0, 0.0, 0.0]), (2, [10.0, 0.0, 10.0, 0.0])] {
@@ -41,11 +42,11 @@ fn batch(host: &TestHost) -> Batch {
 }
 
 fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
-    let host = TestHost::default();
+    let host = test_host();
     let b = batch(&host);
-    let mut base_alone = alone;
+    let base_alone = alone;
     let want = base_alone.signals(&b, &host).unwrap();
-    let mut edge_alone = Edge::from_config_json("").unwrap();
+    let edge_alone = Edge::from_config_json("").unwrap();
     let edge_signals = edge_alone.signals(&b, &host).unwrap();
 
     let mut stack = Stack::new(vec![

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use cairn_icsd::Icsd;
 use cairn_kernel::loss::{TokenLoss, TokenScores};
 use cairn_kernel::objective::{ObjectiveConfig, RlLoss};
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, Teacher};
 use cairn_plugin_sdk::{Algorithm, Batch, TurnRow};
 
 fn close(got: f64, want: f64, tol: f64, what: &str) {
@@ -19,13 +19,13 @@ fn close(got: f64, want: f64, tol: f64, what: &str) {
 fn the_worked_example_through_the_objective() {
     // Two turns of one trajectory: turn 1 (ℓ^S, ℓ^T) = (−0.2, −0.1), (−1.5, −0.3),
     // (−0.9, −1.4); turn 2 (−0.05, −0.05), (−2.0, −0.5).
-    let host = MockHost {
-        teacher: HashMap::from([
+    let host = mock_host(Teacher {
+        logprobs: HashMap::from([
             (vec![5, 6, 7], vec![-0.1, -0.3, -1.4]),
             (vec![8, 9], vec![-0.05, -0.5]),
         ]),
-        ..MockHost::default()
-    };
+        ..Teacher::default()
+    });
     host.put(skill(1, Some("t"), "open the drawer first"));
     let mut second = row(1, 1, "t", &[8, 9], &[-0.05, -2.0]);
     second.turn = 1;
@@ -33,7 +33,7 @@ fn the_worked_example_through_the_objective() {
         step: 0,
         rows: vec![row(1, 1, "t", &[5, 6, 7], &[-0.2, -1.5, -0.9]), second],
     };
-    let mut icsd = Icsd::from_config_json("").unwrap();
+    let icsd = Icsd::from_config_json("").unwrap();
     let mut signals = icsd.signals(&batch, &host).unwrap();
     signals.advantages = batch.zeros_like_responses();
     let refs: Vec<&TurnRow> = batch.rows.iter().collect();

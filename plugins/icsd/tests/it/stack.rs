@@ -1,4 +1,4 @@
-//! `icsd` stacked on `grpo` and on `gigpo` (`cairn_kernel::stack::Stack`): the estimator's
+//! `icsd` stacked on `grpo` and on `gigpo` (`cairn_plugin_sdk::Stack`): the estimator's
 //! advantages are untouched, bit for bit; `icsd` adds its term (on the rows with a skill, with
 //! the calibrated weights) and its metrics only.
 
@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
 use cairn_icsd::{calibrate, Icsd};
-use cairn_kernel::stack::{Member, Stack};
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, MockHost, Teacher};
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, Role, Signals, TurnRow};
 
 fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
@@ -45,13 +45,13 @@ fn batch() -> Batch {
 }
 
 fn host() -> MockHost {
-    let host = MockHost {
-        teacher: HashMap::from([
+    let host = mock_host(Teacher {
+        logprobs: HashMap::from([
             (vec![5, 6], vec![-0.5, -0.5]),
             (vec![7, 8], vec![-2.0, -0.2]),
         ]),
-        ..MockHost::default()
-    };
+        ..Teacher::default()
+    });
     host.put(skill(1, Some("t"), "open the drawer first"));
     host
 }
@@ -59,9 +59,9 @@ fn host() -> MockHost {
 fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
     let host = host();
     let b = batch();
-    let mut base_alone = alone;
+    let base_alone = alone;
     let want = base_alone.signals(&b, &host).unwrap();
-    let mut stack = Stack::new(vec![
+    let stack = Stack::new(vec![
         member(estimator, base),
         member("icsd", Box::new(Icsd::from_config_json("").unwrap())),
     ])

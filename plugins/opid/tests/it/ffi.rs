@@ -7,7 +7,8 @@ use cairn_plugin_sdk::foreign::load_plugin;
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, Role, StepReport, TurnRow};
 use serde_json::json;
 
-use crate::{row, TestHost};
+use crate::{answer, row, test_host};
+use cairn_plugin_sdk::testing::MockHost;
 
 fn two(group: u64, fail: u64, win: u64) -> Vec<TurnRow> {
     let mut rows = Vec::new();
@@ -22,7 +23,7 @@ fn two(group: u64, fail: u64, win: u64) -> Vec<TurnRow> {
 }
 
 /// Step 0 observed, both analyses answered, step 1 observed; the signals of step 2.
-fn play(opid: &mut dyn Algorithm, host: &TestHost) -> Vec<Vec<f32>> {
+fn play(opid: &mut dyn Algorithm, host: &MockHost) -> Vec<Vec<f32>> {
     let report = |step: u64, rows: Vec<TurnRow>, new_entries: Vec<u64>| StepReport {
         step,
         policy_version: step + 1,
@@ -32,11 +33,13 @@ fn play(opid: &mut dyn Algorithm, host: &TestHost) -> Vec<Vec<f32>> {
     };
     opid.observe(&report(0, two(1, 1, 2), vec![]), host)
         .unwrap();
-    let a = host.answer(
+    let a = answer(
+        host,
         1,
         json!({"episode_skill": "do not go to the sofa", "step_skills": {"1": "look in the drawer"}}),
     );
-    let b = host.answer(
+    let b = answer(
+        host,
         2,
         json!({"episode_skill": "open the drawer first", "step_skills": {}}),
     );
@@ -75,9 +78,9 @@ fn the_cdylib_loads_and_gives_the_rlibs_teacher_advantages() {
     assert!(r.teacher_scores && r.reflection && !r.anchor_keys);
     assert_eq!(r.bank, [EntryKind::Skill]);
 
-    let host = TestHost::default();
+    let host = test_host();
     let through = play(&mut foreign, &host);
-    let local_host = TestHost::default();
+    let local_host = test_host();
     let mut local = Opid::from_config_json("").unwrap();
     let here = play(&mut local, &local_host);
     assert_eq!(through, here);
@@ -86,8 +89,8 @@ fn the_cdylib_loads_and_gives_the_rlibs_teacher_advantages() {
         assert!((f64::from(*got) - want).abs() < 1e-9, "{:?}", through[1]);
     }
     assert_eq!(
-        host.reflected.lock().unwrap()[0].extra,
-        local_host.reflected.lock().unwrap()[0].extra
+        host.reflections.lock().unwrap()[0].extra,
+        local_host.reflections.lock().unwrap()[0].extra
     );
     assert_eq!(foreign.save_state().unwrap(), local.save_state().unwrap());
 }

@@ -1,15 +1,15 @@
-//! `opid` stacked on `grpo` and on `gigpo` (`cairn_kernel::stack::Stack`): the estimator gives
+//! `opid` stacked on `grpo` and on `gigpo` (`cairn_plugin_sdk::Stack`): the estimator gives
 //! `A^ep` (+ `ω·A^S`), opid's `advantage_add` is composed into the stack's final advantages,
 //! `A_l = A^est_l + w_ep·D^ep_l + w_st·D^st_l`, with the worked example's exact values.
 
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
-use cairn_kernel::stack::{Member, Stack};
 use cairn_opid::Opid;
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, Role, StepReport, TurnRow};
 use serde_json::json;
 
-use crate::{row, TestHost};
+use crate::{answer, row, test_host};
 
 fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
     Member {
@@ -66,7 +66,7 @@ fn run(
     opid_config: &str,
     batch: Batch,
 ) -> [PerToken; 3] {
-    let host = TestHost::default();
+    let host = test_host();
     let mut stack = Stack::new(vec![
         member(estimator, make()),
         member(
@@ -85,12 +85,14 @@ fn run(
         rows: group(1, (1, ["s0", "s1"]), (2, ["s0", "s2"])),
     };
     stack.observe(&report(step0, vec![]), &host).unwrap();
-    assert_eq!(host.reflected.lock().unwrap().len(), 2);
-    let failed = host.answer(
+    assert_eq!(host.reflections.lock().unwrap().len(), 2);
+    let failed = answer(
+        &host,
         1,
         json!({"episode_skill": "do not go to the sofa", "step_skills": {"1": "look in the drawer"}}),
     );
-    let won = host.answer(
+    let won = answer(
+        &host,
         2,
         json!({"episode_skill": "open the drawer first", "step_skills": {"0": "go to the drawer"}}),
     );
@@ -108,14 +110,22 @@ fn run(
     let alone = make().signals(&batch, &host).unwrap().advantages;
     // The same skills, through a second opid that saw the same steps.
     let mut opid = Opid::from_config_json(opid_config).unwrap();
-    let host2 = TestHost::default();
+    let host2 = test_host();
     let step0 = Batch {
         step: 0,
         rows: group(1, (1, ["s0", "s1"]), (2, ["s0", "s2"])),
     };
     opid.observe(&report(step0, vec![]), &host2).unwrap();
-    let a = host2.answer(1, host.bank.lock().unwrap()[0].extra["reply"].clone());
-    let b = host2.answer(2, host.bank.lock().unwrap()[1].extra["reply"].clone());
+    let a = answer(
+        &host2,
+        1,
+        host.entries.lock().unwrap()[0].extra["reply"].clone(),
+    );
+    let b = answer(
+        &host2,
+        2,
+        host.entries.lock().unwrap()[1].extra["reply"].clone(),
+    );
     let step1 = Batch {
         step: 1,
         rows: group(2, (11, ["s0", "s1"]), (12, ["s0", "s2"])),

@@ -55,7 +55,7 @@ fn signals_give_each_arm_and_distil_only_when_asked() {
     assert!((without - 0.3333).abs() < 5e-5, "{without}");
     assert_eq!(metric(&s.metrics, "pats/rows_distilled"), None);
 
-    let mut on = Pats::from_config_json(r#"{"coef": 0.5}"#).unwrap();
+    let on = Pats::from_config_json(r#"{"coef": 0.5}"#).unwrap();
     let s = on.signals(&batch, &lab).unwrap();
     s.validate_against(&batch).unwrap();
     assert_eq!(s.teacher.len(), 1);

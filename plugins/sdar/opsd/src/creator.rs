@@ -208,7 +208,7 @@ impl Creator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{row, skill, MockHost};
+    use crate::testing::{mock_host, row, skill, Teacher};
     use cairn_plugin_sdk::Batch;
 
     /// One single-turn trajectory per `(trajectory, task, reward)`; success iff reward > 0.
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn a_task_with_a_success_and_no_skill_gets_one_reflection_on_its_best_trajectory() {
-        let host = MockHost::default();
+        let host = mock_host(Teacher::default());
         let config = SkillConfig::default();
         let mut c = Creator::default();
         let r = report(
@@ -291,7 +291,7 @@ mod tests {
             ..SkillConfig::default()
         };
         let r = report(0, &[(1, "c", 1.0), (2, "a", 1.0), (3, "b", 1.0)]);
-        let host = MockHost::default();
+        let host = mock_host(Teacher::default());
         let mut c = Creator::default();
         c.observe(&config, &r, &host, "icsd").unwrap();
         let asked = host.reflections.lock().unwrap().clone();
@@ -304,10 +304,7 @@ mod tests {
         // A general skill counts for the task in its extra.
         let mut e = skill(1, None, "x");
         e.extra.insert(TASK_KEY.into(), json!("b"));
-        let host = MockHost {
-            refuse_reflections: true,
-            ..MockHost::default()
-        };
+        let host = mock_host(Teacher::default()).refusing_reflections();
         host.put(e);
         let mut c = Creator::default();
         let s = c.observe(&config, &r, &host, "icsd").unwrap();
@@ -322,7 +319,7 @@ mod tests {
             reflect: false,
             ..SkillConfig::default()
         };
-        let host = MockHost::default();
+        let host = mock_host(Teacher::default());
         let mut c = Creator::default();
         c.pending.insert(3, "a".into());
         let mut r = report(0, &[(1, "a", 1.0)]);

@@ -482,13 +482,17 @@ mod tests {
 
     #[test]
     fn a_teacher_that_does_not_fit_is_a_counted_drop_and_a_systematic_failure_an_error() {
-        use crate::testing::{row, skill, MockHost};
-        let mut host = MockHost {
-            window: Some(100),
-            ..MockHost::default()
+        use crate::testing::{mock_host, row, skill, Teacher};
+        let host_with_window = |window| {
+            let host = mock_host(Teacher {
+                window: Some(window),
+                ..Teacher::default()
+            });
+            host.put(skill(1, Some("t"), "short"));
+            host.put(skill(2, Some("u"), &"long ".repeat(20)));
+            host
         };
-        host.put(skill(1, Some("t"), "short"));
-        host.put(skill(2, Some("u"), &"long ".repeat(20)));
+        let host = host_with_window(100);
         let batch = Batch {
             step: 0,
             rows: vec![
@@ -505,7 +509,7 @@ mod tests {
             .counts
             .metrics("x")
             .contains(&("x/rows_score_failed".to_string(), 1.0)));
-        host.window = Some(10);
+        let host = host_with_window(10);
         let e = score(&config, &batch, &host, 0).unwrap_err();
         assert!(e.message.contains("context window of 10"), "{e}");
     }

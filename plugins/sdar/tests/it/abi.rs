@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, Teacher};
 use cairn_plugin_sdk::ffi::PluginKind;
 use cairn_plugin_sdk::foreign::load_plugin;
 use cairn_plugin_sdk::{Algorithm, Batch, StepReport};
@@ -35,13 +35,13 @@ fn the_plugin_runs_through_the_abi_as_the_rlib_does() {
 
     let config = r#"{"form": "reverse_kl"}"#;
     let mut foreign = plugin.create_algorithm(config).unwrap();
-    let mut local = Sdar::from_config_json(config).unwrap();
+    let local = Sdar::from_config_json(config).unwrap();
     assert_eq!(foreign.try_requirements().unwrap(), local.requirements());
 
-    let host = MockHost {
-        teacher: HashMap::from([(vec![5, 6, 7], vec![-0.4, -0.9, -2.5])]),
-        ..MockHost::default()
-    };
+    let host = mock_host(Teacher {
+        logprobs: HashMap::from([(vec![5, 6, 7], vec![-0.4, -0.9, -2.5])]),
+        ..Teacher::default()
+    });
     host.put(skill(1, Some("t"), "open the drawer first"));
     // Task t has a skill, task u none; both trajectories succeed.
     let mut rows = vec![

@@ -6,17 +6,17 @@ use std::collections::HashMap;
 
 use cairn_kernel::loss::{TokenLoss, TokenScores};
 use cairn_kernel::objective::{LossReport, ObjectiveConfig, RlLoss};
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, MockHost, Teacher};
 use cairn_plugin_sdk::{Algorithm, Batch, TurnRow};
 use cairn_sdar::Sdar;
 
 /// One row, `(ℓ^S, ℓ^T)` = (−1.2, −0.4), (−0.2, −0.9), (−2.5, −2.5); the teacher's log-probs
 /// come from the host's scorer under the skill context.
 fn example() -> (Batch, MockHost) {
-    let host = MockHost {
-        teacher: HashMap::from([(vec![5, 6, 7], vec![-0.4, -0.9, -2.5])]),
-        ..MockHost::default()
-    };
+    let host = mock_host(Teacher {
+        logprobs: HashMap::from([(vec![5, 6, 7], vec![-0.4, -0.9, -2.5])]),
+        ..Teacher::default()
+    });
     host.put(skill(1, Some("t"), "open the drawer first"));
     let batch = Batch {
         step: 0,
@@ -29,7 +29,7 @@ fn example() -> (Batch, MockHost) {
 /// the sdar term acts), and `∂L/∂ℓ`.
 fn loss(config: &str) -> (LossReport, Vec<f32>) {
     let (batch, host) = example();
-    let mut sdar = Sdar::from_config_json(config).unwrap();
+    let sdar = Sdar::from_config_json(config).unwrap();
     let mut signals = sdar.signals(&batch, &host).unwrap();
     signals.advantages = batch.zeros_like_responses();
     let refs: Vec<&TurnRow> = batch.rows.iter().collect();

@@ -1,11 +1,11 @@
-//! `sdar` stacked on `grpo` and on `gigpo` (`cairn_kernel::stack::Stack`): the estimator's
+//! `sdar` stacked on `grpo` and on `gigpo` (`cairn_plugin_sdk::Stack`): the estimator's
 //! advantages are untouched, bit for bit; `sdar` adds its term (on the rows with a skill,
 //! with the gate's weights) and its metrics only.
 
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
-use cairn_kernel::stack::{Member, Stack};
-use cairn_opsd::testing::{row, skill, MockHost};
+use cairn_opsd::testing::{mock_host, row, skill, MockHost, Teacher};
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, Role, Signals, TeacherSource, TurnRow};
 use cairn_sdar::Sdar;
 
@@ -41,10 +41,10 @@ fn batch() -> Batch {
 }
 
 fn host() -> MockHost {
-    let host = MockHost {
+    let host = mock_host(Teacher {
         default_logprob: -0.5,
-        ..MockHost::default()
-    };
+        ..Teacher::default()
+    });
     host.put(skill(1, Some("t"), "open the drawer first"));
     host
 }
@@ -56,9 +56,9 @@ fn sigmoid(x: f64) -> f32 {
 fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>, config: &str) {
     let host = host();
     let b = batch();
-    let mut base_alone = alone;
+    let base_alone = alone;
     let want = base_alone.signals(&b, &host).unwrap();
-    let mut stack = Stack::new(vec![
+    let stack = Stack::new(vec![
         member(estimator, base),
         member("sdar", Box::new(Sdar::from_config_json(config).unwrap())),
     ])

@@ -4,11 +4,10 @@
 mod objective;
 mod stack;
 
-use std::sync::Mutex;
-
+pub use cairn_plugin_sdk::testing::render_bytes as render;
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{
-    Algorithm, BankEntry, BankQuery, ContextVariant, EntryKind, GroupRequest, Host, RenderRequest,
-    Result, Retrieved, ScoreRequest, Scored, TurnRow,
+    Algorithm, BankEntry, ContextVariant, EntryKind, GroupRequest, Scored, TurnRow,
 };
 use cairn_ucob::Ucob;
 
@@ -20,107 +19,47 @@ pub struct Toy {
     pub student: Scored,
 }
 
-/// A host with a fixed bank of skills (every entry matches, in id order), prompts rendered as
-/// the bytes of `inject + "|" + observation`, and a deterministic scorer with top-k (or the
-/// toy's answers).
-pub struct TestHost {
-    pub bank: Vec<BankEntry>,
-    pub toy: Option<Toy>,
-    pub scores: Mutex<Vec<ScoreRequest>>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
-}
-
-impl Default for TestHost {
-    fn default() -> Self {
-        TestHost {
-            bank: vec![
-                BankEntry {
-                    id: 1,
-                    kind: EntryKind::Skill,
-                    text: "open every closed container before searching it".into(),
-                    ..BankEntry::default()
-                },
-                BankEntry {
-                    id: 2,
-                    kind: EntryKind::Skill,
-                    text: "mugs are usually in the cabinet".into(),
-                    task_id: Some("clean-mug".into()),
-                    ..BankEntry::default()
-                },
-            ],
-            toy: None,
-            scores: Mutex::new(Vec::new()),
-            metrics: Mutex::new(Vec::new()),
+/// The SDK's mock host with a fixed bank of two skills (in id order), prompts rendered as the
+/// bytes of `inject + "|" + observation` ([`render`]), and a deterministic scorer with top-k,
+/// or the toy's answers when given one.
+pub fn test_host(toy: Option<Toy>) -> MockHost {
+    let host = MockHost::default().with_scorer(move |r| {
+        if let Some(toy) = &toy {
+            return Ok(if r.context_ids == toy.context {
+                toy.teacher.clone()
+            } else {
+                toy.student.clone()
+            });
         }
-    }
-}
-
-impl Host for TestHost {
-    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
-        self.scores.lock().unwrap().extend_from_slice(requests);
-        Ok(requests
-            .iter()
-            .map(|r| {
-                if let Some(toy) = &self.toy {
-                    return if r.context_ids == toy.context {
-                        toy.teacher.clone()
-                    } else {
-                        toy.student.clone()
-                    };
-                }
-                let c: u32 = r.context_ids.iter().sum();
-                let n = r.response_ids.len();
-                let k = r.top_k as usize;
-                Scored {
-                    logprobs: (0..n)
-                        .map(|l| -0.2 - 0.05 * ((c as usize + l) % 9) as f32)
-                        .collect(),
-                    top_ids: (0..n * k).map(|x| (x % k) as u32).collect(),
-                    top_logprobs: (0..n * k).map(|x| -0.3 * (1 + x % k) as f32).collect(),
-                }
-            })
-            .collect())
-    }
-
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        Ok(render(&r.variant.inject, &r.observation.text))
-    }
-
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        Ok(self
-            .bank
-            .iter()
-            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
-            .filter(|e| match &q.task_id {
-                None => true,
-                Some(t) => {
-                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
-                }
-            })
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 1.0,
-            })
-            .collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        if let Ok(mut m) = self.metrics.lock() {
-            m.push((name.into(), value));
-        }
-    }
-}
-
-pub fn render(inject: &str, observation: &str) -> Vec<u32> {
-    format!("{inject}|{observation}")
-        .bytes()
-        .map(u32::from)
-        .collect()
+        let c: u32 = r.context_ids.iter().sum();
+        let n = r.response_ids.len();
+        let k = r.top_k as usize;
+        Ok(Scored {
+            logprobs: (0..n)
+                .map(|l| -0.2 - 0.05 * ((c as usize + l) % 9) as f32)
+                .collect(),
+            top_ids: (0..n * k).map(|x| (x % k) as u32).collect(),
+            top_logprobs: (0..n * k).map(|x| -0.3 * (1 + x % k) as f32).collect(),
+        })
+    });
+    host.put(BankEntry {
+        id: 1,
+        kind: EntryKind::Skill,
+        text: "open every closed container before searching it".into(),
+        ..BankEntry::default()
+    });
+    host.put(BankEntry {
+        id: 2,
+        kind: EntryKind::Skill,
+        text: "mugs are usually in the cabinet".into(),
+        task_id: Some("clean-mug".into()),
+        ..BankEntry::default()
+    });
+    host
 }
 
 /// The slots `ucob` plans for group `group` (4 slots, task `clean-mug`).
-pub fn plan(ucob: &mut dyn Algorithm, host: &TestHost, group: u64) -> Vec<ContextVariant> {
+pub fn plan(ucob: &mut dyn Algorithm, host: &MockHost, group: u64) -> Vec<ContextVariant> {
     ucob.plan_group(
         &GroupRequest {
             step: 0,

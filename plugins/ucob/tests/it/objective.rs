@@ -14,7 +14,7 @@ use cairn_plugin_sdk::{
 };
 use cairn_ucob::Ucob;
 
-use crate::{plan, row, TestHost, Toy};
+use crate::{plan, row, test_host, Toy};
 
 fn log_softmax(x: [f64; 3]) -> [f64; 3] {
     let lse = x.iter().map(|v| v.exp()).sum::<f64>().ln();
@@ -36,7 +36,7 @@ fn the_top_k_toy_gives_the_papers_gated_loss_through_the_kernels_objective() {
     // Group 1: the winner (good) reaches return 0.2 at s0, the target (none) 0: gap 0.2,
     // w = 0.2 / 0.2 = 1. The winner's response is one sampled action token, id 0 (cut at
     // `length`, so no stop id).
-    let mut host = TestHost::default();
+    let host = test_host(None);
     let mut u = Ucob::from_config_json(r#"{"coef": 1.0, "topk_k": 3}"#).unwrap();
     let slots = plan(&mut u, &host, 1);
     let mut target = row(1, 10, 0, &slots[0], "s0", 0.0, 0.0);
@@ -48,7 +48,8 @@ fn the_top_k_toy_gives_the_papers_gated_loss_through_the_kernels_objective() {
     winner.response_mask = vec![1];
     winner.old_logprobs = vec![t[0] as f32];
     winner.finish_reason = FinishReason::Length;
-    host.toy = Some(Toy {
+    // The same bank, now scoring with the toy's answers.
+    let host = test_host(Some(Toy {
         context: winner.prompt_ids.clone(),
         teacher: Scored {
             logprobs: vec![t[0] as f32],
@@ -59,7 +60,7 @@ fn the_top_k_toy_gives_the_papers_gated_loss_through_the_kernels_objective() {
             logprobs: vec![s[0] as f32],
             ..Scored::default()
         },
-    });
+    }));
     let batch = Batch {
         step: 0,
         rows: vec![target.clone(), winner.clone()],

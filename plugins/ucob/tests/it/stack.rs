@@ -1,13 +1,14 @@
-//! `ucob` stacked on `grpo` and on `gigpo` (`cairn_kernel::stack::Stack`): the estimator's
+//! `ucob` stacked on `grpo` and on `gigpo` (`cairn_plugin_sdk::Stack`): the estimator's
 //! advantages are untouched, bit for bit, on the batch's rows and 0 on the auxiliary rows;
 //! `ucob` adds its extra rows, its term and its metrics only.
 
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
-use cairn_kernel::stack::{Member, Stack};
+use cairn_plugin_sdk::stack::{Member, Stack};
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, Role, TeacherForm, TurnRow};
 
-use crate::{plan, row, ucob, TestHost};
+use crate::{plan, row, test_host, ucob};
+use cairn_plugin_sdk::testing::MockHost;
 
 fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
     Member {
@@ -20,7 +21,7 @@ fn member(name: &str, algorithm: Box<dyn Algorithm>) -> Member {
 /// Two groups of four trajectories, slots as `ucob` planned them (two `none`, two `good`).
 /// Group 1 plays the worked example at `s0`: returns (none, 0.9025), (none, 0), (good, 0.95),
 /// (good, 0) (γ = 0.95); group 2 succeeds nowhere.
-fn batch(host: &TestHost) -> Batch {
+fn batch(host: &MockHost) -> Batch {
     let mut u = ucob();
     let mut rows: Vec<TurnRow> = Vec::new();
     let s = plan(&mut u, host, 1);
@@ -53,8 +54,8 @@ fn batch(host: &TestHost) -> Batch {
     Batch { step: 0, rows }
 }
 
-fn check(estimator: &str, base: Box<dyn Algorithm>, mut alone: Box<dyn Algorithm>) {
-    let host = TestHost::default();
+fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
+    let host = test_host(None);
     let b = batch(&host);
     let want = alone.signals(&b, &host).unwrap();
     let ucob_signals = ucob().signals(&b, &host).unwrap();

@@ -1,0 +1,491 @@
+//! A host for plugin tests: [`MockHost`] runs a plugin's hooks in process, with no kernel and
+//! no model.
+//!
+//! It keeps an in-memory experience bank (queries filter like the kernel's bank and rank by
+//! insertion order unless a test gives a ranking), answers reflections from a closure (the
+//! skill creator), scores and renders with closures, and records every call and metric so a
+//! test can assert on what the plugin asked for. Prompts render by default as the bytes of
+//! `inject + "|" + observation` ([`render_bytes`]) and text tokenizes as its bytes, so a test
+//! can build the exact prompt ids a plugin will see.
+//!
+//! ```
+//! use cairn_plugin_sdk::testing::MockHost;
+//! use cairn_plugin_sdk::{BankEntry, Host, NewEntry, ReflectionRequest};
+//!
+//! let host = MockHost::default().with_skill_creator(|request, _ticket| {
+//!     Some(NewEntry { text: format!("skill for {}", request.prompt), ..NewEntry::default() })
+//! });
+//! host.put(BankEntry { id: 7, text: "look first".into(), ..BankEntry::default() });
+//! let tickets = host.reflect(&[ReflectionRequest { prompt: "p".into(), ..Default::default() }]);
+//! assert_eq!(tickets.unwrap(), vec![1]);
+//! assert_eq!(host.take_new_entries(), vec![8]);
+//! assert_eq!(host.entry(8).unwrap().text, "skill for p");
+//! ```
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::bank::{
+    BankEntry, BankQuery, EntryStatus, NewEntry, ReflectionRequest, Retrieved, StatsUpdate,
+};
+use crate::error::{PluginError, Result};
+use crate::host::{GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, Scored};
+
+type Scorer = Box<dyn Fn(&ScoreRequest) -> Result<Scored> + Send + Sync>;
+type Renderer = Box<dyn Fn(&RenderRequest) -> Result<Vec<u32>> + Send + Sync>;
+type Tokenizer = Box<dyn Fn(&str) -> Result<Vec<u32>> + Send + Sync>;
+type Generator = Box<dyn Fn(&GenerateRequest) -> Result<Generation> + Send + Sync>;
+type SkillCreator = Box<dyn Fn(&ReflectionRequest, u64) -> Option<NewEntry> + Send + Sync>;
+type Ranking = Box<dyn Fn(&BankQuery, &mut Vec<BankEntry>) + Send + Sync>;
+
+/// What [`MockHost`] renders for a request by default: the bytes of
+/// `inject + "|" + observation`.
+pub fn render_bytes(inject: &str, observation: &str) -> Vec<u32> {
+    format!("{inject}|{observation}")
+        .bytes()
+        .map(u32::from)
+        .collect()
+}
+
+/// An in-process [`Host`] for tests. Public fields are the bank and the call records; the
+/// `with_*` methods set the services a test needs (a service left unset answers with the
+/// same `Host` error as a host that lacks it, except prompts and tokens, which default to
+/// bytes).
+#[derive(Default)]
+pub struct MockHost {
+    /// The experience bank, in insertion order.
+    pub entries: Mutex<Vec<BankEntry>>,
+    /// Every bank query, in order.
+    pub queries: Mutex<Vec<BankQuery>>,
+    /// Every stats update that applied, in order.
+    pub updates: Mutex<Vec<StatsUpdate>>,
+    /// Every reflection request; request `i` got ticket `i + 1`.
+    pub reflections: Mutex<Vec<ReflectionRequest>>,
+    /// Ids the skill creator wrote since the last [`MockHost::take_new_entries`].
+    pub new_entries: Mutex<Vec<u64>>,
+    /// Every score request, in order.
+    pub scores: Mutex<Vec<ScoreRequest>>,
+    /// Every render request, in order.
+    pub renders: Mutex<Vec<RenderRequest>>,
+    /// Every metric logged, in order.
+    pub metrics: Mutex<Vec<(String, f64)>>,
+    /// How many reflections the skill creator's queue takes in all; `reflect` fails past it.
+    reflection_room: Option<usize>,
+    scorer: Option<Scorer>,
+    renderer: Option<Renderer>,
+    tokenizer: Option<Tokenizer>,
+    generator: Option<Generator>,
+    skill_creator: Option<SkillCreator>,
+    ranking: Option<Ranking>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A test that panicked while holding a lock has failed already; its data is still fine
+    // to read for the report.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MockHost {
+    /// Scores with `f`, one call per request.
+    pub fn with_scorer(
+        mut self,
+        f: impl Fn(&ScoreRequest) -> Result<Scored> + Send + Sync + 'static,
+    ) -> Self {
+        self.scorer = Some(Box::new(f));
+        self
+    }
+
+    /// Renders prompts with `f` instead of [`render_bytes`].
+    pub fn with_renderer(
+        mut self,
+        f: impl Fn(&RenderRequest) -> Result<Vec<u32>> + Send + Sync + 'static,
+    ) -> Self {
+        self.renderer = Some(Box::new(f));
+        self
+    }
+
+    /// Tokenizes with `f` instead of taking the text's bytes.
+    pub fn with_tokenizer(
+        mut self,
+        f: impl Fn(&str) -> Result<Vec<u32>> + Send + Sync + 'static,
+    ) -> Self {
+        self.tokenizer = Some(Box::new(f));
+        self
+    }
+
+    /// Generates with `f`, one call per request.
+    pub fn with_generator(
+        mut self,
+        f: impl Fn(&GenerateRequest) -> Result<Generation> + Send + Sync + 'static,
+    ) -> Self {
+        self.generator = Some(Box::new(f));
+        self
+    }
+
+    /// The skill creator: `f(request, ticket)` answers a reflection at once with the entry to
+    /// write (its id is the bank's next), or `None` to leave the ticket unanswered.
+    pub fn with_skill_creator(
+        mut self,
+        f: impl Fn(&ReflectionRequest, u64) -> Option<NewEntry> + Send + Sync + 'static,
+    ) -> Self {
+        self.skill_creator = Some(Box::new(f));
+        self
+    }
+
+    /// Orders a query's matches with `f` (before `k` is applied); insertion order otherwise.
+    pub fn with_ranking(
+        mut self,
+        f: impl Fn(&BankQuery, &mut Vec<BankEntry>) + Send + Sync + 'static,
+    ) -> Self {
+        self.ranking = Some(Box::new(f));
+        self
+    }
+
+    /// `reflect` fails, as a host whose skill creator's queue is full does.
+    pub fn refusing_reflections(self) -> Self {
+        self.with_reflection_room(0)
+    }
+
+    /// The skill creator's queue takes `room` reflections in all; a `reflect` call that would
+    /// pass that fails whole, as a host with a full queue does.
+    pub fn with_reflection_room(mut self, room: usize) -> Self {
+        self.reflection_room = Some(room);
+        self
+    }
+
+    /// Adds an entry to the bank as is (its id included).
+    pub fn put(&self, entry: BankEntry) {
+        lock(&self.entries).push(entry);
+    }
+
+    /// The bank entry `id`, if there is one.
+    pub fn entry(&self, id: u64) -> Option<BankEntry> {
+        lock(&self.entries).iter().find(|e| e.id == id).cloned()
+    }
+
+    /// The last value logged under `name`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        lock(&self.metrics)
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|m| m.1)
+    }
+
+    /// The ids the skill creator wrote since the last call: what the kernel puts in the next
+    /// [`crate::StepReport::new_entries`].
+    pub fn take_new_entries(&self) -> Vec<u64> {
+        std::mem::take(&mut *lock(&self.new_entries))
+    }
+
+    /// Writes `entries` with fresh ids (one past the largest id in the bank).
+    fn insert(&self, entries: &[NewEntry]) -> Vec<u64> {
+        let mut bank = lock(&self.entries);
+        let first = bank.iter().map(|e| e.id).max().unwrap_or(0) + 1;
+        let ids: Vec<u64> = (first..first + entries.len() as u64).collect();
+        bank.extend(entries.iter().zip(&ids).map(|(e, &id)| BankEntry {
+            id,
+            kind: e.kind,
+            text: e.text.clone(),
+            trigger: e.trigger.clone(),
+            task_id: e.task_id.clone(),
+            trajectory_id: e.trajectory_id,
+            parent: e.parent,
+            status: e.status,
+            provenance: e.provenance.clone(),
+            extra: e.extra.clone(),
+            ..BankEntry::default()
+        }));
+        ids
+    }
+}
+
+fn missing<T>(what: &str) -> Result<T> {
+    Err(PluginError::host(format!(
+        "this mock host has no {what}; give one with MockHost::with_{what}"
+    )))
+}
+
+impl Host for MockHost {
+    fn score(&self, requests: &[ScoreRequest]) -> Result<Vec<Scored>> {
+        lock(&self.scores).extend_from_slice(requests);
+        let Some(f) = &self.scorer else {
+            return missing("scorer");
+        };
+        requests.iter().map(f).collect()
+    }
+
+    fn generate(&self, requests: &[GenerateRequest]) -> Result<Vec<Generation>> {
+        let Some(f) = &self.generator else {
+            return missing("generator");
+        };
+        requests.iter().map(f).collect()
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tokenizer {
+            Some(f) => f(text),
+            None => Ok(text.bytes().map(u32::from).collect()),
+        }
+    }
+
+    fn render_prompt(&self, request: &RenderRequest) -> Result<Vec<u32>> {
+        lock(&self.renders).push(request.clone());
+        match &self.renderer {
+            Some(f) => f(request),
+            None => Ok(render_bytes(
+                &request.variant.inject,
+                &request.observation.text,
+            )),
+        }
+    }
+
+    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
+        lock(&self.queries).push(q.clone());
+        let statuses = if q.statuses.is_empty() {
+            vec![EntryStatus::Active, EntryStatus::UnderTest]
+        } else {
+            q.statuses.clone()
+        };
+        let mut matches: Vec<BankEntry> = lock(&self.entries)
+            .iter()
+            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
+            .filter(|e| statuses.contains(&e.status))
+            .filter(|e| match &q.task_id {
+                None => true,
+                Some(t) => {
+                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
+                }
+            })
+            .filter(|e| q.trajectory_id.is_none() || e.trajectory_id == q.trajectory_id)
+            .cloned()
+            .collect();
+        if let Some(rank) = &self.ranking {
+            rank(q, &mut matches);
+        }
+        Ok(matches
+            .into_iter()
+            .take(q.k)
+            .map(|entry| Retrieved { entry, score: 1.0 })
+            .collect())
+    }
+
+    fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
+        Ok(self.insert(entries))
+    }
+
+    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
+        let mut bank = lock(&self.entries);
+        // All or nothing, as the kernel's bank applies them in one transaction.
+        if let Some(u) = updates.iter().find(|u| !bank.iter().any(|e| e.id == u.id)) {
+            return Err(PluginError::host(format!("no entry {}", u.id)));
+        }
+        for u in updates {
+            let e = bank
+                .iter_mut()
+                .find(|e| e.id == u.id)
+                .expect("checked above: every update names an entry");
+            if let Some(stats) = &u.set {
+                e.stats = stats.clone();
+            }
+            e.stats.exposures += u.add_exposures;
+            e.stats.successes += u.add_successes;
+            if let Some(status) = u.status {
+                e.status = status;
+            }
+        }
+        lock(&self.updates).extend_from_slice(updates);
+        Ok(())
+    }
+
+    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
+        let first = {
+            let mut r = lock(&self.reflections);
+            if self
+                .reflection_room
+                .is_some_and(|room| r.len() + requests.len() > room)
+            {
+                return Err(PluginError::host(
+                    "the skill creator's queue is full (`skills.queue`)",
+                ));
+            }
+            let first = r.len() as u64 + 1;
+            r.extend_from_slice(requests);
+            first
+        };
+        let tickets: Vec<u64> = (first..first + requests.len() as u64).collect();
+        if let Some(create) = &self.skill_creator {
+            for (request, &ticket) in requests.iter().zip(&tickets) {
+                if let Some(entry) = create(request, ticket) {
+                    let ids = self.insert(std::slice::from_ref(&entry));
+                    lock(&self.new_entries).extend(ids);
+                }
+            }
+        }
+        Ok(tickets)
+    }
+
+    fn log_metric(&self, name: &str, value: f64) {
+        lock(&self.metrics).push((name.into(), value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bank::{EntryKind, EntryStats};
+    use crate::batch::ContextVariant;
+    use crate::env::Observation;
+
+    fn entry(id: u64, kind: EntryKind, task: Option<&str>) -> BankEntry {
+        BankEntry {
+            id,
+            kind,
+            task_id: task.map(str::to_string),
+            ..BankEntry::default()
+        }
+    }
+
+    #[test]
+    fn the_bank_filters_like_the_kernels_and_ranks_by_insertion_or_the_given_order() {
+        let host = MockHost::default();
+        host.put(entry(1, EntryKind::Experience, Some("a")));
+        host.put(entry(2, EntryKind::Skill, None));
+        host.put(entry(3, EntryKind::Experience, Some("b")));
+        let ids = |host: &MockHost, q: BankQuery| -> Vec<u64> {
+            host.bank_query(&q)
+                .unwrap()
+                .iter()
+                .map(|r| r.entry.id)
+                .collect()
+        };
+        let q = BankQuery {
+            k: 10,
+            task_id: Some("a".into()),
+            include_general: true,
+            ..BankQuery::default()
+        };
+        assert_eq!(ids(&host, q.clone()), vec![1, 2]);
+        let kinds = BankQuery {
+            kinds: vec![EntryKind::Experience],
+            k: 1,
+            ..BankQuery::default()
+        };
+        assert_eq!(ids(&host, kinds.clone()), vec![1]);
+        let newest_first = MockHost::default().with_ranking(|_, m| m.reverse());
+        for id in 1..=3 {
+            newest_first.put(entry(id, EntryKind::Experience, None));
+        }
+        assert_eq!(ids(&newest_first, kinds), vec![3]);
+        assert_eq!(host.queries.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn updates_apply_all_or_nothing_and_puts_take_fresh_ids() {
+        let host = MockHost::default();
+        host.put(entry(4, EntryKind::Skill, None));
+        let ids = host
+            .bank_put(&[NewEntry::default(), NewEntry::default()])
+            .unwrap();
+        assert_eq!(ids, vec![5, 6]);
+        let e = host
+            .bank_update(&[
+                StatsUpdate {
+                    id: 4,
+                    add_exposures: 2,
+                    ..StatsUpdate::default()
+                },
+                StatsUpdate {
+                    id: 9,
+                    ..StatsUpdate::default()
+                },
+            ])
+            .unwrap_err();
+        assert_eq!(e.message, "no entry 9");
+        assert_eq!(host.entry(4).unwrap().stats.exposures, 0);
+        host.bank_update(&[StatsUpdate {
+            id: 4,
+            set: Some(EntryStats {
+                exposures: 3,
+                ..EntryStats::default()
+            }),
+            add_successes: 1,
+            status: Some(EntryStatus::Retired),
+            ..StatsUpdate::default()
+        }])
+        .unwrap();
+        let e = host.entry(4).unwrap();
+        assert_eq!((e.stats.exposures, e.stats.successes), (3, 1));
+        assert_eq!(e.status, EntryStatus::Retired);
+    }
+
+    #[test]
+    fn the_skill_creator_answers_from_its_closure_and_a_full_queue_refuses() {
+        let host = MockHost::default().with_skill_creator(|r, ticket| {
+            (ticket != 2).then(|| NewEntry {
+                kind: EntryKind::Skill,
+                text: format!("{} #{ticket}", r.prompt),
+                ..NewEntry::default()
+            })
+        });
+        let request = |p: &str| ReflectionRequest {
+            prompt: p.into(),
+            ..ReflectionRequest::default()
+        };
+        let tickets = host
+            .reflect(&[request("a"), request("b"), request("c")])
+            .unwrap();
+        assert_eq!(tickets, vec![1, 2, 3]);
+        assert_eq!(host.take_new_entries(), vec![1, 2]);
+        assert!(host.take_new_entries().is_empty());
+        assert_eq!(host.entry(2).unwrap().text, "c #3");
+        let full = MockHost::default().refusing_reflections();
+        assert!(full.reflect(&[request("a")]).is_err());
+        assert!(full.reflections.lock().unwrap().is_empty());
+        let one = MockHost::default().with_reflection_room(1);
+        assert!(one.reflect(&[request("a"), request("b")]).is_err());
+        assert_eq!(one.reflect(&[request("a")]).unwrap(), vec![1]);
+        let e = one.reflect(&[request("b")]).unwrap_err();
+        assert_eq!(
+            e.message,
+            "the skill creator's queue is full (`skills.queue`)"
+        );
+    }
+
+    #[test]
+    fn prompts_and_tokens_default_to_bytes_and_missing_services_say_how_to_add_them() {
+        let host = MockHost::default();
+        let request = RenderRequest {
+            variant: ContextVariant {
+                inject: "x".into(),
+                ..ContextVariant::default()
+            },
+            observation: Observation {
+                text: "y".into(),
+                ..Observation::default()
+            },
+            ..RenderRequest::default()
+        };
+        assert_eq!(host.render_prompt(&request).unwrap(), vec![120, 124, 121]);
+        assert_eq!(host.tokenize("ab").unwrap(), vec![97, 98]);
+        let e = host.score(&[ScoreRequest::default()]).unwrap_err();
+        assert!(e.message.contains("MockHost::with_scorer"), "{e}");
+        assert_eq!(host.scores.lock().unwrap().len(), 1);
+        let scored = MockHost::default()
+            .with_scorer(|r| {
+                Ok(Scored {
+                    logprobs: vec![-1.0; r.response_ids.len()],
+                    ..Scored::default()
+                })
+            })
+            .score(&[ScoreRequest {
+                response_ids: vec![1, 2],
+                ..ScoreRequest::default()
+            }])
+            .unwrap();
+        assert_eq!(scored[0].logprobs, vec![-1.0, -1.0]);
+        host.log_metric("m", 1.0);
+        host.log_metric("m", 2.0);
+        assert_eq!(host.metric("m"), Some(2.0));
+        assert_eq!(host.metric("n"), None);
+    }
+}
