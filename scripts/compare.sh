@@ -57,4 +57,4 @@ PY
         pairs+=("$name=$run")
     done
 done
-target/release/cairn compare --out docs/comparison.png "${pairs[@]}" | tee "$out/table.md"
+target/release/cairn compare --force --out docs/comparison.png "${pairs[@]}" | tee "$out/table.md"

@@ -68,18 +68,18 @@ if [ "${#jobs[@]}" -gt 0 ]; then
     printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} sh -c \
         'target/release/cairn train "$1" > "${1%.toml}.log" 2>&1 || { echo "failed: $1 (see ${1%.toml}.log)"; exit 255; }' _ {}
 fi
-target/release/cairn compare --out docs/scaffolds.png "${pairs[@]}" | tee "$out/table.md"
+target/release/cairn compare --force --out docs/scaffolds.png "${pairs[@]}" | tee "$out/table.md"
 # EDGE's E/N curves and its bank, over the seeds.
 edge=() general=()
 for seed in "${seeds[@]}"; do
     edge+=("edge=$out/edge-seed$seed")
     general+=("edge_general=$out/edge_general-seed$seed")
 done
-target/release/cairn compare --out docs/scaffolds-edge-en.png \
+target/release/cairn compare --force --out docs/scaffolds-edge-en.png \
     --metric edge/success_e --metric edge/success_n "${edge[@]}" "${general[@]}" >/dev/null
-target/release/cairn compare --out docs/scaffolds-edge-bank.png \
+target/release/cairn compare --force --out docs/scaffolds-edge-bank.png \
     --metric edge/bank_size "${edge[@]}" "${general[@]}" >/dev/null
-target/release/cairn compare --out docs/scaffolds-edge-utility.png \
+target/release/cairn compare --force --out docs/scaffolds-edge-utility.png \
     --metric edge/bank_utility_mean "${edge[@]}" "${general[@]}" >/dev/null
 runs=()
 for method in "${methods[@]}"; do

@@ -49,6 +49,6 @@ if [ -z "${ONLY:-}" ] || [ "$ONLY" = prompt-length ]; then
 fi
 for env in "${!pairs[@]}"; do
     # shellcheck disable=SC2086
-    target/release/cairn compare --out "docs/self-distillation-$env.png" ${pairs[$env]} > /dev/null
+    target/release/cairn compare --force --out "docs/self-distillation-$env.png" ${pairs[$env]} > /dev/null
 done
 python3 scripts/self_distillation.py report "$out" --cairn target/release/cairn | tee "$out/tables.md"

@@ -102,7 +102,7 @@ pub struct PluginsConfig {
 }
 
 /// `[source]`: where a training step's episodes come from.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SourceConfig {
     /// The rollout actor plays the `[environment]` plugin.
@@ -110,15 +110,56 @@ pub enum SourceConfig {
     Environment,
     /// `cairn train` serves the policy through the OpenAI-compatible gateway and trains on
     /// the episodes an outside harness plays (`tasks_per_step` groups of `group_size`
-    /// episodes sharing a task id per step).
-    Gateway(crate::gateway::GatewayConfig),
+    /// episodes sharing a task id per step). Boxed: its settings are far larger than the
+    /// other variant.
+    Gateway(Box<crate::gateway::GatewayConfig>),
+}
+
+/// By hand rather than derived: serde's internally tagged enums buffer the table before they
+/// read `kind`, and the TOML parser then reports a bad value at the `[source]` header without
+/// its key. Here the table is read first and the gateway's settings from what remains, so an
+/// error names `source.KEY`.
+impl<'de> Deserialize<'de> for SourceConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut table = toml::Table::deserialize(d)?;
+        let kind = table
+            .remove("kind")
+            .ok_or_else(|| D::Error::missing_field("kind"))?;
+        match kind.as_str() {
+            Some("environment") => match table.keys().next() {
+                Some(key) => Err(D::Error::custom(format!(
+                    "key `source.{key}`: unknown with `kind = \"environment\"` (the gateway's \
+                     settings need `kind = \"gateway\"`)"
+                ))),
+                None => Ok(SourceConfig::Environment),
+            },
+            Some("gateway") => {
+                crate::gateway::GatewayConfig::deserialize(toml::Value::Table(table))
+                    .map(|g| SourceConfig::Gateway(Box::new(g)))
+                    .map_err(|e| D::Error::custom(source_key_error(&e.to_string())))
+            }
+            _ => Err(D::Error::custom(format!(
+                "key `source.kind`: {kind} is not a source; use \"environment\" or \"gateway\""
+            ))),
+        }
+    }
+}
+
+/// A gateway-settings error (`... in `KEY``) rewritten to name `source.KEY` first.
+fn source_key_error(message: &str) -> String {
+    let message = message.trim_end();
+    match message.rsplit_once("\nin `") {
+        Some((what, key)) => format!("key `source.{}`: {what}", key.trim_end_matches('`')),
+        None => format!("[source]: {message}"),
+    }
 }
 
 impl SourceConfig {
     /// The gateway settings, when the source is the gateway.
     pub fn gateway(&self) -> Option<&crate::gateway::GatewayConfig> {
         match self {
-            SourceConfig::Gateway(g) => Some(g),
+            SourceConfig::Gateway(g) => Some(g.as_ref()),
             SourceConfig::Environment => None,
         }
     }
@@ -245,6 +286,12 @@ pub struct ModelConfig {
     /// Intra-op threads for the backend (0: all cores).
     #[serde(default)]
     pub threads: usize,
+    /// Memory of the training device, GiB, that the pre-flight memory estimate
+    /// ([`crate::memory`]) compares against. Default: the machine's RAM for `cpu`, the GPU's
+    /// memory for `cuda`. Set it to plan for a share of the device (a shared GPU), or where
+    /// the size cannot be queried.
+    #[serde(default)]
+    pub memory_gib: Option<f64>,
 }
 
 fn default_device() -> String {
@@ -602,9 +649,40 @@ fn default_endpoint_backoff_ms() -> u64 {
 /// Most retries `skills.endpoint.max_retries` may ask for.
 pub const MAX_ENDPOINT_RETRIES: u32 = 10;
 
-/// `x > 0`, false for NaN.
-fn positive(x: f64) -> bool {
-    x > 0.0
+/// The range a numeric key must lie in. Every range also excludes NaN and ±inf: a non-finite
+/// learning rate or penalty passes every comparison-free code path and only surfaces steps
+/// later as a NaN loss.
+#[derive(Clone, Copy, Debug)]
+enum Range {
+    /// Any finite number.
+    Finite,
+    /// `> 0`.
+    Positive,
+    /// `≥ 0`.
+    NonNegative,
+    /// `[0, 1)`.
+    UnitOpen,
+}
+
+impl Range {
+    fn contains(self, x: f64) -> bool {
+        x.is_finite()
+            && match self {
+                Range::Finite => true,
+                Range::Positive => x > 0.0,
+                Range::NonNegative => x >= 0.0,
+                Range::UnitOpen => (0.0..1.0).contains(&x),
+            }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Range::Finite => "a finite number",
+            Range::Positive => "a finite number > 0",
+            Range::NonNegative => "a finite number ≥ 0",
+            Range::UnitOpen => "a number in [0, 1)",
+        }
+    }
 }
 
 impl PipelineConfig {
@@ -656,8 +734,65 @@ impl PipelineConfig {
         }
     }
 
+    /// `key` is `value`: an error naming the key, the value and the range unless `range`
+    /// holds it.
+    fn number(&self, key: &str, value: f64, range: Range) -> Result<()> {
+        if range.contains(value) {
+            return Ok(());
+        }
+        Err(self.error(key, format!("is {value}, must be {}", range.describe())))
+    }
+
+    /// The numeric keys no other check covers (the objective, the engine, the gateway and
+    /// the skills tables check their own): each must be finite and in its range.
+    fn validate_numbers(&self) -> Result<()> {
+        let o = &self.optimizer;
+        self.number("optimizer.lr", o.lr, Range::Positive)?;
+        self.number("optimizer.betas", o.betas.0, Range::UnitOpen)?;
+        self.number("optimizer.betas", o.betas.1, Range::UnitOpen)?;
+        self.number("optimizer.eps", o.eps, Range::Positive)?;
+        self.number("optimizer.weight_decay", o.weight_decay, Range::NonNegative)?;
+        self.number("optimizer.max_grad_norm", o.max_grad_norm, Range::Positive)?;
+        if let Some(w) = &self.warm_start {
+            self.number("warm_start.lr", w.lr, Range::Positive)?;
+        }
+        self.number(
+            "eval.temperature",
+            f64::from(self.eval.temperature),
+            Range::NonNegative,
+        )?;
+        self.number(
+            "reward.invalid_action_penalty",
+            f64::from(self.reward.invalid_action_penalty),
+            Range::Finite,
+        )?;
+        if let Some(gib) = self.model.memory_gib {
+            self.number("model.memory_gib", gib, Range::Positive)?;
+        }
+        // The sampler divides the logits by the temperature: below this they overflow to inf
+        // and every log-prob is NaN (the gateway refuses such requests by the same bound).
+        let min = crate::gateway::request::MIN_TEMPERATURE;
+        for (key, t) in [
+            ("rollout.temperature", self.rollout.temperature),
+            ("eval.temperature", self.eval.temperature),
+            ("skills.policy.temperature", self.skills.policy.temperature),
+        ] {
+            if t > 0.0 && t < min {
+                return Err(self.error(
+                    key,
+                    format!(
+                        "is {t:e}, below {min:e}: the logits divided by it overflow; use 0 for \
+                         greedy decoding or a temperature of at least {min:e}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks values serde cannot: ranges and combinations.
     pub fn validate(&self) -> Result<()> {
+        self.validate_numbers()?;
         let r = &self.rollout;
         if r.tasks_per_step == 0 {
             return Err(self.error("rollout.tasks_per_step", "must be at least 1"));
@@ -691,9 +826,6 @@ impl PipelineConfig {
                 "run.plugin_timeout_s",
                 "must be a finite number of seconds ≥ 0 (0: no deadline)",
             ));
-        }
-        if !positive(self.optimizer.lr) {
-            return Err(self.error("optimizer.lr", "must be > 0"));
         }
         if self.optimizer.micro_batch_rows == 0 || self.optimizer.updates_per_batch == 0 {
             return Err(self.error(
@@ -744,9 +876,6 @@ impl PipelineConfig {
                  pauses sampling around each update; it runs synchronously (set 0)",
             ));
         }
-        if !positive(self.optimizer.max_grad_norm) {
-            return Err(self.error("optimizer.max_grad_norm", "must be > 0"));
-        }
         match (&self.model.path, &self.model.scratch) {
             (Some(_), Some(_)) => {
                 return Err(self.error(
@@ -773,11 +902,8 @@ impl PipelineConfig {
             ));
         }
         if let Some(w) = &self.warm_start {
-            if w.epochs == 0 || w.batch_rows == 0 || !positive(w.lr) {
-                return Err(self.error(
-                    "warm_start",
-                    "epochs and batch_rows must be >= 1 and lr > 0",
-                ));
+            if w.epochs == 0 || w.batch_rows == 0 {
+                return Err(self.error("warm_start", "epochs and batch_rows must be >= 1"));
             }
             if !(0.0..=1.0).contains(&w.hinted_share) {
                 return Err(self.error(
@@ -1294,6 +1420,69 @@ pub(crate) mod tests {
         );
     }
 
+    /// A bad value in `[source]` is reported with its key, not only at the table's header
+    /// (serde's tagged enums lose the key: the fuzz harness found `bind = []` reported as
+    /// "invalid type: sequence" at `[source]`).
+    #[test]
+    fn source_errors_name_their_key() {
+        let gateway = |line: &str| {
+            let text = format!("{MINIMAL}\n[source]\nkind = \"gateway\"\n{line}\n");
+            PipelineConfig::parse(&text, "p.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        for (line, key) in [
+            ("bind = []", "`source.bind`"),
+            ("episode_timeout_s = {}", "`source.episode_timeout_s`"),
+            ("missing_reward = []", "`source.missing_reward`"),
+            ("no_such_key = 1", "no_such_key"),
+        ] {
+            let e = gateway(line);
+            assert!(e.contains(key), "{line}: {e}");
+        }
+        let text = format!("{MINIMAL}\n[source]\nkind = \"nowhere\"\n");
+        let e = PipelineConfig::parse(&text, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`source.kind`") && e.contains("\"gateway\""),
+            "{e}"
+        );
+        let text = format!("{MINIMAL}\n[source]\nkind = \"environment\"\nbind = \"x\"\n");
+        let e = PipelineConfig::parse(&text, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`source.bind`"), "{e}");
+        let text = format!("{MINIMAL}\n[source]\nkind = \"environment\"\n");
+        assert!(PipelineConfig::parse(&text, "p.toml").is_ok());
+    }
+
+    /// A temperature so small that the divided logits overflow is refused by its key.
+    #[test]
+    fn temperatures_that_overflow_the_logits_are_refused() {
+        for (from, to, key) in [
+            (
+                "temperature = 1.0\n",
+                "temperature = 1e-30\n",
+                "rollout.temperature",
+            ),
+            (
+                "tasks = 4\n",
+                "tasks = 4\ntemperature = 1e-30\n",
+                "eval.temperature",
+            ),
+        ] {
+            let text = MINIMAL.replace(from, to);
+            assert_ne!(text, MINIMAL);
+            let e = PipelineConfig::parse(&text, "p.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("overflow"), "{e}");
+        }
+        let greedy = MINIMAL.replace("tasks = 4\n", "tasks = 4\ntemperature = 0\n");
+        assert!(PipelineConfig::parse(&greedy, "p.toml").is_ok());
+    }
+
     /// A small valid pipeline config (also used by `run.rs` tests).
     pub(crate) const MINIMAL: &str = r#"
 [run]
@@ -1434,6 +1623,153 @@ tasks = 4
         let e = err(&MINIMAL.replace("seed = 1\n", ""));
         assert!(e.contains("missing field `seed`"), "{e}");
         assert!(e.contains("line 2"), "{e}");
+    }
+
+    /// `MINIMAL` with every optional table that holds a number: a warm start, every objective
+    /// key, reward shaping, an evaluation temperature, an external engine with a launch
+    /// command, the endpoint reflector and a memory budget.
+    fn every_float_key() -> String {
+        MINIMAL
+            .replace("[model]\n", "[model]\nmemory_gib = 64.0\n")
+            .replace(
+                "max_turns = 8\n\n[optimizer]",
+                "max_turns = 8\n\n[rollout.engine]\nkind = \"vllm\"\n\n\
+                 [rollout.engine.launch]\ncommand = [\"serve\", \"{port}\"]\n\n[optimizer]",
+            )
+            .replace("tasks = 4\n", "tasks = 4\ntemperature = 0.5\n")
+            + "\n[warm_start]\ndemonstrations = 4\nepochs = 1\nlr = 1e-3\nhinted_share = 0.5\n\
+               \n[objective]\nkl_coef = 0.01\nentropy_coef = 0.001\n\
+               aggregation = \"seq-mean-token-sum-norm\"\nnorm_constant = 64.0\n\
+               \n[reward]\ninvalid_action_penalty = 0.1\n\
+               \n[skills]\nreflector = \"endpoint\"\n\
+               [skills.endpoint]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n"
+    }
+
+    /// The gateway source (its own numeric keys), otherwise `MINIMAL`.
+    fn gateway_float_keys() -> String {
+        MINIMAL
+            .replace(
+                "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
+                "[source]\nkind = \"gateway\"\nmissing_reward = \"fill\"\nfill_reward = 0.5\n\
+                 step_timeout_s = 30.0\n",
+            )
+            .replace(
+                "num_key_value_heads = 1\n",
+                "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
+            )
+    }
+
+    /// The dotted keys of every float in `value` (plugin tables left out: their plugins
+    /// check them), an array's floats under the array's key.
+    fn float_keys(prefix: &str, value: &toml::Value, out: &mut Vec<String>) {
+        match value {
+            toml::Value::Float(_) => out.push(prefix.to_string()),
+            toml::Value::Array(items) => {
+                for item in items {
+                    float_keys(prefix, item, out);
+                }
+            }
+            toml::Value::Table(table) => {
+                for (k, v) in table {
+                    if k == "config" && matches!(prefix, "environment" | "algorithm") {
+                        continue;
+                    }
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    float_keys(&key, v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Sets every float at `key` in `value` to `x`.
+    fn set_floats(value: &mut toml::Value, key: &str, x: f64) {
+        let mut node = value;
+        for part in key.split('.') {
+            node = node
+                .get_mut(part)
+                .expect("the key was listed from this value");
+        }
+        match node {
+            toml::Value::Array(items) => items.iter_mut().for_each(|i| *i = toml::Value::Float(x)),
+            leaf => *leaf = toml::Value::Float(x),
+        }
+    }
+
+    #[test]
+    fn every_float_key_refuses_inf_and_nan_by_name() {
+        let mut checked = 0;
+        for text in [every_float_key(), gateway_float_keys()] {
+            // The keys come from the parsed config as it serialises, defaults included, so a
+            // new float key is covered without touching this test.
+            let config = PipelineConfig::parse(&text, "test.toml").unwrap();
+            let value = toml::Value::try_from(&config).unwrap();
+            let mut keys = Vec::new();
+            float_keys("", &value, &mut keys);
+            assert!(keys.len() > 20, "{keys:?}");
+            for key in &keys {
+                for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+                    let mut value = value.clone();
+                    set_floats(&mut value, key, bad);
+                    let text = toml::to_string(&value).unwrap();
+                    let e = PipelineConfig::parse(&text, "test.toml")
+                        .map(|_| ())
+                        .expect_err(&format!("{key} = {bad} passes"))
+                        .to_string();
+                    assert!(e.contains(&format!("key `{key}`")), "{key} = {bad}: {e}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 60);
+    }
+
+    #[test]
+    fn optimizer_numbers_are_checked_for_range() {
+        for (from, to, key) in [
+            ("lr = 1e-3", "lr = inf", "optimizer.lr"),
+            (
+                "lr = 1e-3",
+                "lr = 1e-3\nbetas = [0.9, 1.0]",
+                "optimizer.betas",
+            ),
+            ("lr = 1e-3", "lr = 1e-3\neps = 0.0", "optimizer.eps"),
+            (
+                "lr = 1e-3",
+                "lr = 1e-3\nweight_decay = -0.1",
+                "optimizer.weight_decay",
+            ),
+            (
+                "lr = 1e-3",
+                "lr = 1e-3\nmax_grad_norm = 0",
+                "optimizer.max_grad_norm",
+            ),
+            (
+                "tasks = 4",
+                "tasks = 4\ntemperature = -1.0",
+                "eval.temperature",
+            ),
+            ("[model]\n", "[model]\nmemory_gib = 0\n", "model.memory_gib"),
+        ] {
+            let text = MINIMAL.replace(from, to);
+            assert_ne!(text, MINIMAL);
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("key `{key}`")) && e.contains("must be"),
+                "{e}"
+            );
+        }
+        let e = err(&format!(
+            "{MINIMAL}\n[reward]\ninvalid_action_penalty = nan\n"
+        ));
+        assert!(
+            e.contains("key `reward.invalid_action_penalty`") && e.contains("is NaN"),
+            "{e}"
+        );
     }
 
     #[test]

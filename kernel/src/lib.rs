@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod gateway;
 pub mod loss;
+pub mod memory;
 pub mod objective;
 pub mod plugins;
 pub mod pool;

@@ -63,6 +63,29 @@ pub enum Event {
     Note(String),
 }
 
+/// The metrics an RL step's progress message shows, by their `metrics.jsonl` names
+/// ([`crate::objective::metrics::batch_metrics`]), with the label and the digits of each.
+const STEP_MESSAGE_METRICS: [(&str, &str, usize); 2] = [
+    ("reward/episode_mean", "reward", 3),
+    ("success_rate", "success", 2),
+];
+
+/// The progress message of an RL step: a pure function of the step's metrics (the values of
+/// its `metrics.jsonl` line), so what the bar prints is what the file holds. A metric the step
+/// lacks prints as `-`, not as a number.
+pub fn step_message(values: &Map<String, Value>) -> String {
+    STEP_MESSAGE_METRICS
+        .iter()
+        .map(
+            |&(name, label, digits)| match values.get(name).and_then(Value::as_f64) {
+                Some(x) => format!("{label} {x:.digits$}"),
+                None => format!("{label} -"),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// What a finished run reports.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
@@ -78,15 +101,17 @@ static STOP: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None
 /// Asks a running [`Trainer`] to stop at the next step boundary (the host calls it on SIGINT
 /// or SIGTERM). The step in flight finishes; in RL the trainer then writes a checkpoint of
 /// that step (unless it just did) and returns [`Error::Interrupted`]; in the warm start it
-/// returns at once, and the resume starts again from the last epoch's checkpoint. `reason`
-/// ("interrupted (SIGINT)") opens the error message.
+/// returns at once, and the resume starts again from the last epoch's checkpoint. A step that
+/// is still waiting for a gateway's harness episodes is not in flight: the wait ends, and the
+/// run stops after the last finished step. `reason` ("interrupted (SIGINT)") opens the error
+/// message.
 pub fn request_stop(reason: &'static str) {
     *STOP
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
 }
 
-fn stop_requested() -> Option<&'static str> {
+pub(crate) fn stop_requested() -> Option<&'static str> {
     *STOP
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -491,6 +516,16 @@ impl Trainer<'_> {
                 Err(e @ Error::Signals { .. }) => {
                     return Err(self.stop_after_signals(state, e).await)
                 }
+                // The stop came while the step waited for harness episodes: nothing of it
+                // ran, so the last finished step is the one checkpointed.
+                Err(Error::Interrupted { .. }) if stop_requested().is_some() => {
+                    let reason = stop_requested().unwrap_or("interrupted");
+                    let current = self.run.checkpoint_dir(state.global_step);
+                    if !matches!(self.run.latest_checkpoint(), Ok(Some(d)) if d == current) {
+                        self.checkpoint(state).await?;
+                    }
+                    return Err(self.interrupted(reason, state));
+                }
                 Err(e) => return Err(e),
             };
             state.next_group_id = next_group_id.load(std::sync::atomic::Ordering::SeqCst);
@@ -504,19 +539,7 @@ impl Trainer<'_> {
                 values: outcome.values,
             };
             RunDir::append_jsonl(&self.run.metrics_path(), &record)?;
-            let message = format!(
-                "reward {:.3} success {:.2}",
-                record
-                    .values
-                    .get("reward/mean")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(f64::NAN),
-                record
-                    .values
-                    .get("success_rate")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(f64::NAN)
-            );
+            let message = step_message(&record.values);
             self.emit(Event::Step(record));
             self.emit(Event::Progress {
                 done: state.rl_steps,
@@ -764,6 +787,56 @@ fn is_warm_start_end(dir: &std::path::Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first RL line of a committed run's `metrics.jsonl`.
+    fn golden_rl_line() -> Map<String, Value> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../hosts/cairn/tests/fixtures/sync-golden/metrics.generic-avx2.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("\"phase\":\"rl\""))
+            .expect("the golden run has RL steps");
+        serde_json::from_str(line).unwrap()
+    }
+
+    #[test]
+    fn the_step_message_shows_the_metrics_line() {
+        let line = golden_rl_line();
+        let reward = line["reward/episode_mean"].as_f64().unwrap();
+        let success = line["success_rate"].as_f64().unwrap();
+        assert_eq!(
+            step_message(&line),
+            format!("reward {reward:.3} success {success:.2}")
+        );
+        assert_eq!(step_message(&line), "reward -0.413 success 0.00");
+        // A metric the line lacks is a dash, never NaN.
+        assert_eq!(step_message(&Map::new()), "reward - success -");
+    }
+
+    #[test]
+    fn the_step_message_names_metrics_the_step_computes() {
+        // The names come from what `batch_metrics` writes, so renaming a metric there fails
+        // here instead of printing a dash on every step.
+        let row = |trajectory_id: u64, reward: f32, success: bool| cairn_plugin_sdk::TurnRow {
+            trajectory_id,
+            group_id: 1,
+            episode_reward: reward,
+            success,
+            response_mask: vec![1],
+            ..Default::default()
+        };
+        let batch = cairn_plugin_sdk::Batch {
+            step: 0,
+            rows: vec![row(1, 1.0, true), row(2, 0.0, false)],
+        };
+        let values: Map<String, Value> =
+            crate::objective::metrics::batch_metrics(&batch, &cairn_plugin_sdk::Signals::default())
+                .into_iter()
+                .map(|(k, v)| (k, json!(v)))
+                .collect();
+        assert_eq!(step_message(&values), "reward 0.500 success 0.50");
+    }
 
     #[test]
     fn pruning_keeps_the_newest_two_and_the_end_of_the_warm_start() {

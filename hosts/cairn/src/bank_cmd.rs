@@ -12,6 +12,8 @@ use cairn_kernel::bank::{bank_path, Bank, EntryFilter};
 use cairn_plugin_sdk::bank::{BankEntry, EntryKind, EntryStatus};
 use clap::Subcommand;
 
+use crate::output::{Existing, Output};
+
 /// Characters of an entry's text that `list` shows.
 const LIST_TEXT_CHARS: usize = 60;
 
@@ -38,11 +40,12 @@ pub enum BankCommand {
         run_dir: PathBuf,
         #[command(flatten)]
         filter: FilterArgs,
-        /// Write to this file instead of stdout (written whole or not at all). A SQLite file
-        /// (the bank, say) is never overwritten; another non-empty file only with --force.
+        /// Write to this file instead of stdout (written whole or not at all): a new file, or
+        /// an existing regular file with --force. Never a directory, device, FIFO, socket or
+        /// symbolic link, nor the run's bank or pool, nor any SQLite file.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// With --out: replace an existing non-empty file.
+        /// With --out: replace an existing file.
         #[arg(long, requires = "out")]
         force: bool,
     },
@@ -141,9 +144,16 @@ fn run_command(command: BankCommand) -> Result<()> {
             let bank = open(&run_dir)?;
             match out {
                 Some(path) => {
-                    crate::pool_cmd::check_output_path("--out", &path, bank.path(), force)?;
+                    let mut stores = crate::output::run_stores(&run_dir);
+                    stores.push(bank.path().to_path_buf());
                     let mut n = 0;
-                    crate::pool_cmd::write_atomically(&path, |w| {
+                    Output {
+                        flag: "--out",
+                        path: &path,
+                        stores: &stores,
+                        existing: Existing::replace_if(force),
+                    }
+                    .write(|w| {
                         n = bank.export(&filter.filter(), w, &path)?;
                         Ok(())
                     })?;

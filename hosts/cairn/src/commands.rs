@@ -3,13 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use cairn_kernel::objective::tools::{run_loss, run_signals, LossToolInput};
+use cairn_kernel::objective::tools::{parse_batch, run_loss, run_signals, LossToolInput};
 use cairn_kernel::objective::ObjectiveConfig;
 use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
-use cairn_plugin_sdk::Batch;
 
 /// `cairn compare LABEL=RUN_DIR ...`.
-pub fn compare(pairs: &[String], metrics: &[String], out: &Path) -> Result<()> {
+pub fn compare(pairs: &[String], metrics: &[String], out: &Path, force: bool) -> Result<()> {
     let mut groups: Vec<crate::plot::RunGroup> = Vec::new();
     for pair in pairs {
         let Some((label, dir)) = pair.split_once('=') else {
@@ -23,9 +22,20 @@ pub fn compare(pairs: &[String], metrics: &[String], out: &Path) -> Result<()> {
             }),
         }
     }
-    let table = crate::plot::compare_runs(&groups, metrics, out)?;
+    let stores: Vec<PathBuf> = groups
+        .iter()
+        .flat_map(|g| &g.runs)
+        .flat_map(|run| crate::output::run_stores(run))
+        .collect();
+    let out = crate::output::Output {
+        flag: "--out",
+        path: out,
+        stores: &stores,
+        existing: crate::output::Existing::replace_if(force),
+    };
+    let table = crate::plot::compare_runs(&groups, metrics, &out)?;
     print!("{table}");
-    eprintln!("plot: {}", out.display());
+    eprintln!("plot: {}", out.path.display());
     Ok(())
 }
 
@@ -94,12 +104,8 @@ pub fn signals(plugin: &str, config: &[String], batch_path: &Path, dirs: &[PathB
         &requirements,
         &cairn_kernel::config::HostServices::OFFLINE,
     )?;
-    let batch: Batch = serde_json::from_str(&read(batch_path)?).with_context(|| {
-        format!(
-            "{}: not a batch in the JSON form of docs/batch-json.md",
-            batch_path.display()
-        )
-    })?;
+    // Errors name the file and the place of the bad value (`rows[2].turn: ...`).
+    let batch = parse_batch(&read(batch_path)?, &batch_path.display().to_string())?;
     let report =
         run_signals(&mut algorithm, &batch).with_context(|| batch_path.display().to_string())?;
     println!("{}", serde_json::to_string_pretty(&report)?);
@@ -153,6 +159,7 @@ pub fn eval(
     _: Option<usize>,
     _: Option<f32>,
     _: Option<&Path>,
+    _: bool,
 ) -> Result<()> {
     bail!("this cairn was built without the `torch` feature; rebuild with `cargo build --release` (default features)")
 }
@@ -177,6 +184,7 @@ mod with_torch {
     use parking_lot::Mutex;
 
     use super::read;
+    use crate::output::{Existing, Output};
     use crate::progress::Progress;
     use crate::DEFAULT_CONFIG;
     use cairn::setup;
@@ -467,6 +475,7 @@ mod with_torch {
         tasks: Option<usize>,
         temperature: Option<f32>,
         record: Option<&Path>,
+        force: bool,
     ) -> Result<()> {
         let policy_dir = setup::checkpoint_policy(checkpoint)?;
         if tasks == Some(0) {
@@ -475,12 +484,6 @@ mod with_torch {
         if let Some(t) = temperature.filter(|t| !(t.is_finite() && *t >= 0.0)) {
             bail!("--temperature {t}: must be a finite number ≥ 0 (0 is greedy)");
         }
-        // Fail on an unwritable --record path now, not after the evaluation.
-        let record_file = record
-            .map(|path| {
-                std::fs::File::create(path).with_context(|| format!("--record {}", path.display()))
-            })
-            .transpose()?;
         // The run directory holds the config and (scratch models) the tokenizer: the
         // checkpoint's own run, or the one the given config names.
         let (config, run_root) = match config_path {
@@ -494,6 +497,19 @@ mod with_torch {
                 (PipelineConfig::load(&root.join("config.toml"))?, root)
             }
         };
+        // --record never lands on the run's stores (nor the checkpoint's bank); a refused path
+        // fails now, not after the evaluation, and the file is written only at the end.
+        let mut stores = crate::output::run_stores(&run_root);
+        stores.extend(crate::output::run_stores(checkpoint));
+        let record = record.map(|path| Output {
+            flag: "--record",
+            path,
+            stores: &stores,
+            existing: Existing::replace_if(force),
+        });
+        if let Some(record) = &record {
+            record.check()?;
+        }
         let run = RunDir { root: run_root };
         let (mut parts, _algorithm) = parts(&config, &run, TokenizerSource::Run)?;
         parts.backend.load(&policy_dir)?;
@@ -528,13 +544,12 @@ mod with_torch {
             (pipeline.threads.clone(), report)
         })?;
         println!("{}", serde_json::to_string_pretty(&report)?);
-        if let (Some(path), Some(mut file)) = (record, record_file) {
+        if let Some(record) = &record {
             let batch = cairn_plugin_sdk::Batch {
                 step: 0,
                 rows: report.rows.clone(),
             };
-            std::io::Write::write_all(&mut file, serde_json::to_string(&batch)?.as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
+            record.write(|w| Ok(serde_json::to_writer(w, &batch)?))?;
         }
         eprintln!("{}", report.summary());
         Ok(())

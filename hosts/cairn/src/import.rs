@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use cairn_gguf::{import_gguf_with_progress, ImportOptions, OutDtype};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,7 +17,8 @@ pub enum ImportCommand {
     Gguf {
         /// The GGUF file.
         file: PathBuf,
-        /// The directory to write: a new or empty one (missing parents are created).
+        /// The directory to write: a new or empty one (missing parents are created), never a
+        /// symbolic link. It is written as OUT_DIR.partial and renamed at the end.
         out_dir: PathBuf,
         /// Dtype of the written weights: f32 | bf16 (rounded to nearest even).
         #[arg(long, default_value = "f32")]
@@ -36,6 +37,15 @@ pub fn run(command: ImportCommand) -> Result<()> {
 }
 
 fn gguf(file: &Path, out_dir: &Path, dtype: OutDtype) -> Result<()> {
+    // The importer refuses a file, a special file or a non-empty directory at OUT_DIR, and
+    // renames the finished directory into place; a link would be followed by the first check
+    // and not by the rename, so it is refused here, before the GGUF is read.
+    if std::fs::symlink_metadata(out_dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "{}: a symbolic link; give the output directory itself (a new or empty one)",
+            out_dir.display()
+        );
+    }
     let start = Instant::now();
     // Reading and checking the whole file comes first (no count yet), then one step per tensor.
     let bar = ProgressBar::new(0);

@@ -3,4 +3,6 @@
 //! benchmark harness (`benches/`) build pipelines the same way through it.
 
 #[cfg(feature = "torch")]
+pub mod memory;
+#[cfg(feature = "torch")]
 pub mod setup;

@@ -14,6 +14,7 @@ mod commands;
 #[cfg(feature = "torch")]
 mod engine;
 mod import;
+mod output;
 mod plot;
 mod pool_cmd;
 mod progress;
@@ -80,9 +81,15 @@ enum Command {
         /// Sampling temperature (default: `eval.temperature`; 0 is greedy).
         #[arg(long)]
         temperature: Option<f32>,
-        /// Write the played turns to this file, in the batch JSON form (docs/batch-json.md).
+        /// Write the played turns to this file, in the batch JSON form (docs/batch-json.md),
+        /// whole, once the evaluation is done: a new file, or an existing regular file with
+        /// --force. Never a directory, device, FIFO, socket or symbolic link, nor the run's
+        /// pool or bank, nor any SQLite file.
         #[arg(long)]
         record: Option<PathBuf>,
+        /// With --record: replace an existing file.
+        #[arg(long, requires = "record")]
+        force: bool,
     },
     /// Inspect plugins.
     Plugins {
@@ -127,7 +134,8 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
-    /// Draw `curves.png` for a run directory.
+    /// Draw `curves.png` for a run directory (replacing the one `cairn train` drew; never a
+    /// link, directory or special file put there).
     Plot { run_dir: PathBuf },
     /// Compare algorithms run with several seeds: a Markdown table of held-out success
     /// (mean ± std) on stdout and a PNG of the training curves.
@@ -135,9 +143,13 @@ enum Command {
         /// `LABEL=RUN_DIR` pairs; give one per seed, repeating the label.
         #[arg(required = true, value_name = "LABEL=RUN_DIR")]
         runs: Vec<String>,
-        /// Where to write the PNG.
+        /// Where to write the PNG (whole, at the end): a new file, or an existing regular
+        /// file with --force.
         #[arg(long, default_value = "comparison.png")]
         out: PathBuf,
+        /// Replace an existing --out file.
+        #[arg(long)]
+        force: bool,
         /// Training metric to draw (a key of `metrics.jsonl`); repeat for several curves per
         /// algorithm, e.g. `--metric edge/success_e --metric edge/success_n`.
         #[arg(long = "metric", value_name = "KEY", default_value = "success_rate")]
@@ -159,13 +171,24 @@ enum Command {
         /// instead of the config's `[model]`: what a trainer with `[rollout.engine]` writes.
         #[arg(long, conflicts_with = "checkpoint")]
         model: Option<PathBuf>,
-        /// Append every finished episode (rows in the batch JSON form) to this JSONL file.
+        /// Write every finished episode (rows in the batch JSON form) to this JSONL file, one
+        /// line each, as they finish: a new file, or an existing regular file with --append.
+        /// Never a directory, device, FIFO, socket or symbolic link, nor the run's pool or
+        /// bank, nor any SQLite file.
         #[arg(long)]
         record: Option<PathBuf>,
+        /// With --record: add to an existing file instead of refusing it.
+        #[arg(long, requires = "record")]
+        append: bool,
         /// Also serve the dashboard (docs/dashboard.md) under `/ui/` of the gateway's address:
         /// the runs under `run.dir` and the gateway's live episodes.
         #[arg(long)]
         ui: bool,
+        /// A directory `POST /update_weights_from_disk` may load from (besides
+        /// `source.weight_roots`): where a trainer's `[rollout.engine]` writes its weights,
+        /// `rollout.engine.weights_dir` (default `<run.dir>/engine`). Repeat for several.
+        #[arg(long = "weight-root", value_name = "DIR")]
+        weight_roots: Vec<PathBuf>,
     },
     /// Serve the dashboard of a run directory, or of a directory of runs: curves updating
     /// live, episodes token by token, the groups of a step, the bank (docs/dashboard.md).
@@ -174,12 +197,23 @@ enum Command {
     Ui {
         /// A run directory (`run.dir` of a config) or a directory of run directories.
         run_dir: PathBuf,
-        /// Address to listen on.
+        /// Address to listen on. Off loopback a key is required (--key-env or --key-file).
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// Port to listen on; 0 picks a free one (the URL is printed).
         #[arg(long, default_value_t = 8470)]
         port: u16,
+        /// An environment variable holding the key every page needs (browsers ask for it as
+        /// the password; clients send `Authorization: Bearer KEY`).
+        #[arg(long, value_name = "NAME", conflicts_with = "key_file")]
+        key_env: Option<String>,
+        /// A file holding that key (first line), instead of --key-env.
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<PathBuf>,
+        /// A `Host` value to serve besides the bound address and localhost (`name` or
+        /// `name:port`); repeat for several.
+        #[arg(long = "allow-host", value_name = "HOST")]
+        allow_hosts: Vec<String>,
     },
     /// Query, curate and export a run's data pool (`RUN_DIR/pool.sqlite`: every trajectory,
     /// turn by turn; see docs/pool.md).
@@ -266,12 +300,14 @@ fn main() -> ExitCode {
             tasks,
             temperature,
             record,
+            force,
         } => commands::eval(
             &checkpoint,
             config.as_deref(),
             tasks,
             temperature,
             record.as_deref(),
+            force,
         ),
         Command::Plugins {
             command: PluginsCommand::List { dirs },
@@ -291,7 +327,12 @@ fn main() -> ExitCode {
             set,
         } => commands::loss(&batch, aggregation, micro_batches, kl, kl_coef, &set),
         Command::Plot { run_dir } => plot::plot_run(&run_dir).map(|p| println!("{}", p.display())),
-        Command::Compare { runs, out, metrics } => commands::compare(&runs, &metrics, &out),
+        Command::Compare {
+            runs,
+            out,
+            force,
+            metrics,
+        } => commands::compare(&runs, &metrics, &out, force),
         #[cfg(feature = "torch")]
         Command::Serve {
             config,
@@ -299,14 +340,34 @@ fn main() -> ExitCode {
             checkpoint,
             model,
             record,
+            append,
             ui,
-        } => serve::serve(&config, bind, checkpoint.as_deref(), model, record, ui),
+            weight_roots,
+        } => serve::serve(
+            &config,
+            bind,
+            checkpoint.as_deref(),
+            model,
+            record.map(|path| serve::Record { path, append }),
+            ui,
+            weight_roots,
+        ),
         #[cfg(feature = "torch")]
         Command::Ui {
             run_dir,
             host,
             port,
-        } => ui::serve_dashboard(&run_dir, &host, port),
+            key_env,
+            key_file,
+            allow_hosts,
+        } => {
+            let key = match (key_env, key_file) {
+                (Some(name), _) => Some(serve::access::KeySource::Env(name)),
+                (None, Some(path)) => Some(serve::access::KeySource::File(path)),
+                (None, None) => None,
+            };
+            ui::serve_dashboard(&run_dir, &host, port, key, &allow_hosts)
+        }
         Command::Pool { command } => pool_cmd::run(command),
         Command::Inspect {
             run_dir,

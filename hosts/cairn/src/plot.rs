@@ -11,6 +11,8 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use serde_json::Value;
 
+use crate::output::{Existing, Output};
+
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
 /// One panel: metric keys of `metrics.jsonl` (RL steps) with their titles; the first key the
@@ -140,13 +142,27 @@ fn panel<'a, 'b>(
     Ok(chart)
 }
 
-/// Draws `<run_dir>/curves.png` and returns its path.
+/// Draws `<run_dir>/curves.png` and returns its path. The file is the run's own (`cairn
+/// train` draws it at the end, `cairn plot` redraws it), so an existing regular file is
+/// replaced without `--force`; anything else there is refused ([`Output`]).
 pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
     // Registering twice is harmless: the registry is keyed by family and style.
     let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     let series = load(run_dir)?;
     let out = run_dir.join("curves.png");
-    let root = BitMapBackend::new(&out, (1600, 1300)).into_drawing_area();
+    Output {
+        flag: "the plot",
+        path: &out,
+        stores: &crate::output::run_stores(run_dir),
+        existing: Existing::Replace,
+    }
+    .write_via_path(|tmp| draw_run(run_dir, &series, tmp))?;
+    Ok(out)
+}
+
+/// Draws the curves of `series` (of `run_dir`) into the PNG file `out`.
+fn draw_run(run_dir: &Path, series: &Series, out: &Path) -> Result<()> {
+    let root = BitMapBackend::new(out, (1600, 1300)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, rest) = root.split_vertically(60);
     top.titled(
@@ -212,7 +228,7 @@ pub fn plot_run(run_dir: &Path) -> Result<PathBuf> {
     }
     root.present()
         .with_context(|| format!("writing {}", out.display()))?;
-    Ok(run_dir.join("curves.png"))
+    Ok(())
 }
 
 /// One algorithm's runs (one per seed) for [`compare_runs`].
@@ -270,12 +286,12 @@ fn eval_rate(run: &Path, label: &str) -> Result<f64> {
 /// across seeds; a step where a run did not report the metric is left out of that run) for
 /// each algorithm, and returns a Markdown table of held-out success after the warm start and
 /// after RL (mean ± std across seeds, sample std).
-pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Result<String> {
+pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Output) -> Result<String> {
     let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     let mut table = String::from(
         "| algorithm | seeds | held-out success after warm start | held-out success after RL |\n|---|---|---|---|\n",
     );
-    let mut curves = Vec::new();
+    let mut curves: Vec<Curve> = Vec::new();
     for g in groups {
         let before: Vec<f64> = g
             .runs
@@ -356,6 +372,16 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
                 .join(" or ")
         );
     }
+    out.write_via_path(|path| draw_comparison(&curves, metrics, path))?;
+    Ok(table)
+}
+
+/// One algorithm's (and metric's) mean curve in a comparison: its label and
+/// `(step, mean, std)` points.
+type Curve = (String, Vec<(f64, f64, f64)>);
+
+/// Draws the mean `curves` of `metrics` into the PNG file `out`.
+fn draw_comparison(curves: &[Curve], metrics: &[String], out: &Path) -> Result<()> {
     let root = BitMapBackend::new(out, (1100, 650)).into_drawing_area();
     root.fill(&WHITE)?;
     let x1 = curves
@@ -449,7 +475,7 @@ pub fn compare_runs(groups: &[RunGroup], metrics: &[String], out: &Path) -> Resu
         .draw()?;
     root.present()
         .with_context(|| format!("writing {}", out.display()))?;
-    Ok(table)
+    Ok(())
 }
 
 #[cfg(test)]

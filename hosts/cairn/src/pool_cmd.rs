@@ -15,6 +15,8 @@ use cairn_kernel::text::Tokenizer;
 use cairn_plugin_sdk::Batch;
 use clap::{Subcommand, ValueEnum};
 
+use crate::output::{Existing, Output};
+
 #[derive(Subcommand)]
 pub enum PoolCommand {
     /// A table of the episodes matching the filters (one line each), or JSON lines (--json).
@@ -56,11 +58,12 @@ pub enum PoolCommand {
         /// Keep the rows a curated exclusion matches.
         #[arg(long)]
         with_excluded: bool,
-        /// Write to this file instead of stdout (written whole or not at all). A SQLite file
-        /// (the pool, say) is never overwritten; another non-empty file only with --force.
+        /// Write to this file instead of stdout (written whole or not at all): a new file, or
+        /// an existing regular file with --force. Never a directory, device, FIFO, socket or
+        /// symbolic link, nor the run's pool or bank, nor any SQLite file.
         #[arg(short = 'o', long)]
         out: Option<PathBuf>,
-        /// With -o: replace an existing non-empty file.
+        /// With -o: replace an existing file.
         #[arg(long, requires = "out")]
         force: bool,
     },
@@ -356,114 +359,10 @@ fn run_command(command: PoolCommand) -> Result<()> {
     }
 }
 
+/// The run's pool, for writing exclusions; an empty or foreign `pool.sqlite` is refused as
+/// `query` refuses it, never turned into a pool.
 fn open_for_curation(run_dir: &Path) -> Result<Pool> {
-    Ok(Pool::open(&existing_pool_path(run_dir)?)?)
-}
-
-/// The first bytes of every SQLite database file.
-const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
-
-/// Refuses an export's output path that would destroy data: `protected` (the database the
-/// command reads, with its `-wal` and `-shm` files), any SQLite file, a directory, and any
-/// other non-empty file unless `force`.
-pub(crate) fn check_output_path(
-    flag: &str,
-    path: &Path,
-    protected: &Path,
-    force: bool,
-) -> Result<()> {
-    // Compare canonical paths: the output may not exist yet, its directory must.
-    let canonical = |p: &Path| -> Option<PathBuf> {
-        if let Ok(c) = p.canonicalize() {
-            return Some(c);
-        }
-        let parent = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(parent.canonicalize().ok()?.join(p.file_name()?))
-    };
-    if let (Some(out), Some(db)) = (canonical(path), canonical(protected)) {
-        let name = db
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            if out == db.with_file_name(format!("{name}{suffix}")) {
-                bail!(
-                    "{flag} {}: that is {}{suffix}, which this command reads; give another output \
-                     path",
-                    path.display(),
-                    protected.display()
-                );
-            }
-        }
-    }
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
-    };
-    if meta.is_dir() {
-        bail!("{flag} {}: a directory; give a file path", path.display());
-    }
-    let mut head = [0u8; 16];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .unwrap_or(0);
-    if n == head.len() && &head == SQLITE_HEADER {
-        bail!(
-            "{flag} {}: an existing SQLite database (a data pool or a bank?); it is never \
-             overwritten: give another output path",
-            path.display()
-        );
-    }
-    if meta.len() > 0 && !force {
-        bail!(
-            "{flag} {}: the file exists ({} bytes); pass --force to replace it, or give another \
-             path",
-            path.display(),
-            meta.len()
-        );
-    }
-    Ok(())
-}
-
-/// Writes what `write` writes to `path` whole or not at all: a temporary file in the same directory,
-/// renamed over `path` once written and synced.
-pub(crate) fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut dyn Write) -> Result<()>,
-) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("-o {}: no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> Result<()> {
-        let file =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut w = std::io::BufWriter::new(file);
-        write(&mut w)?;
-        let file = w
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        file.sync_all()
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {} (left as it was)", path.display()))
+    Ok(Pool::open_existing(&existing_pool_path(run_dir)?)?)
 }
 
 fn export(
@@ -476,8 +375,15 @@ fn export(
 ) -> Result<()> {
     let pool = PoolReader::open_run(run_dir)?;
     let mut filter = filter.filter()?;
-    if let Some(path) = out {
-        check_output_path("-o", path, pool.path(), force)?;
+    let stores = crate::output::run_stores(run_dir);
+    let out = out.map(|path| Output {
+        flag: "-o",
+        path,
+        stores: &stores,
+        existing: Existing::replace_if(force),
+    });
+    if let Some(out) = &out {
+        out.check()?;
     }
     if !with_excluded && filter.excluded.is_none() {
         filter.excluded = Some(false);
@@ -535,7 +441,7 @@ fn export(
         }
     };
     match out {
-        Some(path) => write_atomically(path, |w| Ok(w.write_all(text.as_bytes())?)),
+        Some(out) => out.write(|w| Ok(w.write_all(text.as_bytes())?)),
         None => {
             std::io::stdout().lock().write_all(text.as_bytes())?;
             Ok(())

@@ -74,18 +74,20 @@ pub struct Plugins {
 /// Everything `cairn train` checks before it builds anything costly, and all that
 /// `cairn check` does: the config (already parsed and validated), the plugins (loaded and
 /// created with their configs), each stack member's needs against the environment and the
-/// host, the stack itself, the skill creator's API key, and the model's settings (the device,
-/// which must exist, the dtype, the model directory's `config.json`). Errors name the file,
-/// the line and the fix.
+/// host, the stack itself, the skill creator's API key, the model's settings (the device,
+/// which must exist, the dtype, the model directory's `config.json`), and the memory the model
+/// and batch sizes need against the device's ([`crate::memory`]). Errors name the file, the
+/// line and the fix.
 pub fn checked(config: &PipelineConfig) -> Result<Plugins> {
     let plugins = plugins(config)?;
     config.skills_api_key(|v| std::env::var(v).ok())?;
-    let (device, _) = device_and_dtype(config)?;
+    let (device, dtype) = device_and_dtype(config)?;
     // A device that is not there fails here, before the run directory is written (`auto`
     // falls back to the CPU, so it always resolves).
-    if let Err(e) = device.resolve() {
-        return Err(config.error("model.device", e).into());
-    }
+    let device = match device.resolve() {
+        Ok(device) => device,
+        Err(e) => return Err(config.error("model.device", e).into()),
+    };
     if let Some(dir) = &config.model.path {
         context_window(config).map_err(|e| {
             config.error(
@@ -108,6 +110,8 @@ pub fn checked(config: &PipelineConfig) -> Result<Plugins> {
                 .into());
         }
     }
+    // The model and batch sizes against the device's memory, before anything is allocated.
+    crate::memory::check(config, device, dtype)?;
     Ok(plugins)
 }
 

@@ -193,9 +193,38 @@ impl Handler<TrainNext> for OptimizerActor {
 impl OptimizerActor {
     fn train_next(&mut self, msg: TrainNext) -> Result<StepOutcome> {
         let started = Instant::now();
+        let collected = self.collect_step(&msg)?;
+        // Under the gateway the policy's thread runs one generation pass for as long as
+        // clients keep joining it, and every policy call of the step (its version, the
+        // scoring, the update, host services of the plugins) waits behind that pass: sampling
+        // pauses from the moment the step's groups are in until the step is done.
+        self.pause_sampling()?;
+        let outcome = self.train_collected(msg, collected, started);
+        let resumed = self.resume_sampling();
+        let outcome = outcome?;
+        resumed?;
+        Ok(outcome)
+    }
+
+    fn pause_sampling(&self) -> Result<()> {
+        if let Some((pause, _)) = &self.gateway {
+            call(pause, PauseSampling)?;
+        }
+        Ok(())
+    }
+
+    fn resume_sampling(&self) -> Result<()> {
+        if let Some((_, resume)) = &self.gateway {
+            call(resume, ResumeSampling)?;
+        }
+        Ok(())
+    }
+
+    /// The step's groups, from the rollout queue or pulled from the source.
+    fn collect_step(&self, msg: &TrainNext) -> Result<Collected> {
         let step = msg.step;
         let b = self.settings.tasks_per_step;
-        let mut collected = match &self.feed {
+        let collected = match &self.feed {
             Some(Feed::Queue(rx)) => rx.recv().map_err(|_| {
                 Error::Other(format!(
                     "the rollout producer stopped before RL step {step}; see its error above"
@@ -223,6 +252,18 @@ impl OptimizerActor {
                 collected.step
             )));
         }
+        Ok(collected)
+    }
+
+    /// Everything of a step after its groups are collected.
+    fn train_collected(
+        &mut self,
+        msg: TrainNext,
+        mut collected: Collected,
+        started: Instant,
+    ) -> Result<StepOutcome> {
+        let step = msg.step;
+        let b = self.settings.tasks_per_step;
         let version_now = call(&self.version, PolicyVersion)?;
         let mut values = Map::new();
         let mut stale = self.drop_stale(&mut collected.batch, version_now);
@@ -267,7 +308,9 @@ impl OptimizerActor {
             // (pure) signals run again on the grown batch.
             round += 1;
             let want = b - kept;
-            let mut more = collect_chain(
+            // More episodes are sampled meanwhile (the gateway's clients play them).
+            self.resume_sampling()?;
+            let more = collect_chain(
                 &self.source,
                 &self.reward,
                 CollectGroups {
@@ -276,7 +319,9 @@ impl OptimizerActor {
                     groups: want,
                     first_group_id: msg.next_group_id.fetch_add(want as u64, Ordering::SeqCst),
                 },
-            )?;
+            );
+            self.pause_sampling()?;
+            let mut more = more?;
             let more_stale = self.drop_stale(&mut more.batch, version_now);
             stale
                 .removed
@@ -598,9 +643,6 @@ impl OptimizerActor {
         if keep.is_empty() {
             return Ok((steps, losses));
         }
-        if let Some((pause, _)) = &self.gateway {
-            call(pause, PauseSampling)?;
-        }
         let result = (|| {
             for mini in split_even(&keep, self.settings.updates_per_batch) {
                 let loss = RlLoss::from_rows(&self.objective, &rows, signals, &mini)?;
@@ -621,9 +663,6 @@ impl OptimizerActor {
             }
             Ok(())
         })();
-        if let Some((_, resume)) = &self.gateway {
-            call(resume, ResumeSampling)?;
-        }
         result.map(|()| (steps, losses))
     }
 }

@@ -13,6 +13,18 @@ use serde_json::{json, Value as Json};
 pub enum ApiErrorKind {
     /// 400: the request is malformed or asks for something unsupported.
     InvalidRequest,
+    /// 401: no API key, or not one the gateway knows.
+    Unauthorized,
+    /// 403: a key without the right (the inference key on a control route), a Host or
+    /// Origin the gateway does not serve, a weight directory outside the configured roots.
+    Forbidden,
+    /// 408: the request body did not arrive within `source.body_timeout_s`.
+    Timeout,
+    /// 415: a body that is not declared `Content-Type: application/json`.
+    UnsupportedMediaType,
+    /// 429: more connections from one client than `source.max_connections_per_client`, or
+    /// more open episodes than `source.max_open_episodes`.
+    TooManyRequests,
     /// 404: unknown model, episode or route.
     NotFound,
     /// 409: the episode is closed, or its reward was already posted.
@@ -52,6 +64,16 @@ impl ApiError {
         ApiError::new(ApiErrorKind::InvalidRequest, message).with_param(param)
     }
 
+    /// A 400 about a string parameter longer than `max` bytes (OpenAI's code
+    /// `string_above_max_length`); the message gives both lengths, not the string.
+    pub fn string_too_long(param: &str, len: usize, max: usize) -> ApiError {
+        ApiError::invalid(
+            param,
+            format!("`{param}` is {len} bytes long; the gateway takes at most {max} bytes"),
+        )
+        .with_code("string_above_max_length")
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(ApiErrorKind::NotFound, message)
     }
@@ -78,6 +100,11 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self.kind {
             ApiErrorKind::InvalidRequest => 400,
+            ApiErrorKind::Unauthorized => 401,
+            ApiErrorKind::Forbidden => 403,
+            ApiErrorKind::Timeout => 408,
+            ApiErrorKind::UnsupportedMediaType => 415,
+            ApiErrorKind::TooManyRequests => 429,
             ApiErrorKind::NotFound => 404,
             ApiErrorKind::Conflict => 409,
             ApiErrorKind::TooLarge => 413,
@@ -89,7 +116,13 @@ impl ApiError {
     /// The OpenAI error `type`.
     pub fn type_name(&self) -> &'static str {
         match self.kind {
-            ApiErrorKind::InvalidRequest | ApiErrorKind::TooLarge => "invalid_request_error",
+            ApiErrorKind::InvalidRequest
+            | ApiErrorKind::TooLarge
+            | ApiErrorKind::Timeout
+            | ApiErrorKind::UnsupportedMediaType => "invalid_request_error",
+            ApiErrorKind::Unauthorized => "authentication_error",
+            ApiErrorKind::Forbidden => "permission_error",
+            ApiErrorKind::TooManyRequests => "rate_limit_error",
             ApiErrorKind::NotFound => "not_found_error",
             ApiErrorKind::Conflict => "conflict_error",
             ApiErrorKind::Unavailable => "service_unavailable_error",
@@ -136,5 +169,7 @@ mod tests {
                              "param": "max_tokens", "code": "integer_below_min_value"}})
         );
         assert_eq!(ApiError::conflict("x").status(), 409);
+        let busy = ApiError::new(ApiErrorKind::TooManyRequests, "x");
+        assert_eq!((busy.status(), busy.type_name()), (429, "rate_limit_error"));
     }
 }

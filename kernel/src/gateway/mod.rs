@@ -19,6 +19,7 @@
 //! `/episodes/{id}/v1/...` or the `X-Cairn-Episode` header); other calls are served and not
 //! recorded.
 
+pub mod access;
 pub mod api_error;
 pub mod call;
 pub mod request;
@@ -28,6 +29,7 @@ pub mod segment;
 pub mod source;
 pub mod store;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -122,6 +124,42 @@ pub struct GatewayConfig {
     /// Largest `n` a request may ask.
     #[serde(default = "default_max_n")]
     pub max_n: usize,
+    /// Open episodes at most; `POST /episodes` past it is a 429 `too_many_open_episodes`.
+    #[serde(default = "default_max_open_episodes")]
+    pub max_open_episodes: usize,
+    // Access to the routes (docs/gateway.md, "Security"); checked by `access::problem`.
+    /// The environment variable holding the API key every route needs (`Authorization:
+    /// Bearer KEY` or `x-api-key: KEY`). Without any key the gateway serves only on loopback.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// A file holding the API key (one line), instead of `api_key_env`.
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
+    /// The environment variable holding the control key: the only key the control routes
+    /// (weight loading, episode open, reward, close, view) take; it also serves the others.
+    #[serde(default)]
+    pub control_key_env: Option<String>,
+    /// A file holding the control key, instead of `control_key_env`.
+    #[serde(default)]
+    pub control_key_file: Option<PathBuf>,
+    /// `Host` values served besides the bound address, `localhost`, `127.0.0.1` and `[::1]`
+    /// at its port: `name` (any port) or `name:port`.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`http://host:port`) allowed to call the gateway, with CORS headers.
+    /// None by default: a request with another page's `Origin` is refused.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Directories under which `POST /update_weights_from_disk` loads (symlinks resolved).
+    /// Empty: `cairn serve --model DIR` takes directories beside DIR, otherwise none.
+    #[serde(default)]
+    pub weight_roots: Vec<PathBuf>,
+    /// Deadline for a whole request body, from the end of its headers (seconds).
+    #[serde(default = "default_body_timeout_s")]
+    pub body_timeout_s: f64,
+    /// Open connections one client address may hold; more are answered 429 and closed.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
 }
 
 fn default_bind() -> String {
@@ -142,6 +180,15 @@ fn default_max_batch_prompts() -> usize {
 fn default_max_n() -> usize {
     16
 }
+fn default_max_open_episodes() -> usize {
+    4096
+}
+fn default_body_timeout_s() -> f64 {
+    60.0
+}
+fn default_max_connections_per_client() -> usize {
+    256
+}
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -157,6 +204,16 @@ impl Default for GatewayConfig {
             batch_window_ms: default_batch_window_ms(),
             max_batch_prompts: default_max_batch_prompts(),
             max_n: default_max_n(),
+            max_open_episodes: default_max_open_episodes(),
+            api_key_env: None,
+            api_key_file: None,
+            control_key_env: None,
+            control_key_file: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            weight_roots: Vec::new(),
+            body_timeout_s: default_body_timeout_s(),
+            max_connections_per_client: default_max_connections_per_client(),
         }
     }
 }
@@ -177,8 +234,14 @@ impl GatewayConfig {
                 "max_batch_prompts and max_n must be at least 1".into(),
             ));
         }
+        if self.max_open_episodes == 0 {
+            return Some(("source.max_open_episodes", "must be at least 1".into()));
+        }
         if !self.fill_reward.is_finite() {
             return Some(("source.fill_reward", "must be a finite number".into()));
+        }
+        if let Some(problem) = access::problem(self) {
+            return Some(problem);
         }
         None
     }
@@ -194,6 +257,7 @@ impl GatewayConfig {
             rows: self.rows,
             keep_finished: 4096,
             max_ready: 100_000,
+            max_open: self.max_open_episodes,
         }
     }
 
@@ -307,13 +371,17 @@ struct WeightsBody {
 }
 
 /// What `POST /update_weights_from_disk` needs: the sampler's pause and resume around the
-/// load, and the policy actor's [`LoadWeights`](crate::actors::policy::LoadWeights). Only
-/// `cairn serve` has one; a gateway in front of a training run takes no outside weights.
+/// load, the policy actor's [`LoadWeights`](crate::actors::policy::LoadWeights), and the
+/// directories it may load from. Only `cairn serve` has one; a gateway in front of a training
+/// run takes no outside weights.
 #[derive(Clone)]
 pub struct WeightLoader {
     pub pause: Recipient<PauseSampling>,
     pub resume: Recipient<ResumeSampling>,
     pub load: Recipient<crate::actors::policy::LoadWeights>,
+    /// The weight roots, symlinks resolved (`source.weight_roots`, or the directory beside
+    /// `cairn serve --model`); a load outside them is refused before anything is read.
+    pub roots: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -392,6 +460,9 @@ impl Gateway {
             Route::Completions => inner.settings.completion(body, &inner.format, in_episode)?,
         };
         if job.anchor.is_none() {
+            if let Some(anchor) = &anchor {
+                request::check_anchor("X-Cairn-Anchor", anchor)?;
+            }
             job.anchor = anchor;
         }
         let mut params = job.params.clone();
@@ -552,6 +623,10 @@ impl Gateway {
     pub fn tokenize(&self, body: &[u8]) -> Result<Json, ApiError> {
         let body: TokenizeBody = body_json(body)?;
         let tokenizer = self.inner.format.tokenizer();
+        // A text that cannot fit the context window is not encoded (nor could it be sent).
+        self.inner
+            .settings
+            .check_prompt_bytes("prompt", body.prompt.len(), tokenizer)?;
         let ids = if body.add_special_tokens {
             tokenizer.encode_with_special_tokens(&body.prompt)
         } else {
@@ -566,13 +641,44 @@ impl Gateway {
     /// "weight_version": N}`. New batches wait while the weights load; the batches in flight
     /// finish on the old ones first, so every answer's `policy_version` names the weights that
     /// sampled all of it. Answers `{"success": true, "policy_version": N}`; a directory that
-    /// does not fit the model is a 400 and the old weights stay.
+    /// does not fit the model is a 400 and the old weights stay. Only a directory under the
+    /// loader's roots is read (a 403 otherwise); every attempt is logged with `client` (the
+    /// peer address) and the path.
     pub async fn update_weights(
         &self,
         loader: &WeightLoader,
         body: &[u8],
+        client: &str,
     ) -> Result<Json, ApiError> {
         let body: WeightsBody = body_json(body)?;
+        let Some(dir) = access::weight_dir_under(&loader.roots, Path::new(&body.model_path)) else {
+            tracing::warn!(
+                client,
+                path = %body.model_path,
+                "weight load refused: not a directory under the weight roots"
+            );
+            let roots = if loader.roots.is_empty() {
+                "none is configured".to_owned()
+            } else {
+                let shown: Vec<String> = loader
+                    .roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect();
+                shown.join(", ")
+            };
+            return Err(ApiError::new(
+                ApiErrorKind::Forbidden,
+                format!(
+                    "model_path {}: not a directory under the weight roots ({roots}); the \
+                     server's operator lists the directories it loads from in \
+                     `[source] weight_roots` or with `cairn serve --weight-root DIR`",
+                    body.model_path
+                ),
+            )
+            .with_param("model_path")
+            .with_code("path_not_allowed"));
+        };
         let version = match &body.weight_version {
             Some(Json::Number(n)) => n.as_u64(),
             Some(Json::String(s)) => s.parse::<u64>().ok(),
@@ -585,6 +691,8 @@ impl Gateway {
                  (`\"weight_version\": \"12\"`): every later answer carries it",
             )
         })?;
+        // At warn, the default level of `cairn serve`: a weight load is an audit event.
+        tracing::warn!(client, path = %dir.display(), version, "weight load requested");
         let unavailable = |_| ApiError::internal("the policy actor has stopped");
         loader
             .pause
@@ -594,19 +702,20 @@ impl Gateway {
         let loaded = loader
             .load
             .send(crate::actors::policy::LoadWeights {
-                dir: body.model_path.clone().into(),
+                dir: dir.clone(),
                 version,
             })
             .await;
         // Resume whatever happened: the old weights serve on after a refused load.
         let resumed = loader.resume.send(ResumeSampling).await;
         match loaded.map_err(unavailable)? {
-            Ok(()) => {}
+            Ok(()) => tracing::info!(client, path = %dir.display(), version, "weights loaded"),
             Err(e) => {
+                tracing::warn!(client, path = %dir.display(), error = %e, "weight load failed");
                 return Err(ApiError::invalid(
                     "model_path",
                     format!("the weights in {} were not loaded: {e}", body.model_path),
-                ))
+                ));
             }
         }
         resumed.map_err(unavailable)?;

@@ -9,6 +9,11 @@
 //! `logit_bias`, `best_of`, `echo`).
 //! Unknown keys that change nothing (`user`, `metadata`, ...) are ignored, as vLLM does.
 //!
+//! The work a request costs is bounded before it is done: a prompt text longer in bytes than
+//! any prompt that fits ([`RequestSettings::prompt_byte_limit`]) is refused before it is
+//! encoded, strings the gateway keeps or compares have [`MAX_FIELD_BYTES`], and a temperature
+//! below [`MIN_TEMPERATURE`], which would make the divided logits infinite, is refused.
+//!
 //! vLLM's extensions that a rollout engine's client sends (docs/engine.md): `stop_token_ids`
 //! (more stop ids, kept in the output), `ignore_eos` (not the model's own stop ids) and, for
 //! completions, `return_tokens_as_token_ids`.
@@ -23,7 +28,43 @@ use serde_json::{Map, Value as Json};
 
 use super::api_error::ApiError;
 use crate::backend::SamplingParams;
-use crate::text::{arguments_to_objects, ChatFormat};
+use crate::text::{arguments_to_objects, ChatFormat, Tokenizer};
+
+/// Longest `model`, stop string or anchor key (`cairn.anchor`, `X-Cairn-Anchor`), bytes. An
+/// anchor is kept on every row of its call; a harness with longer anchor states sends a hash.
+pub const MAX_FIELD_BYTES: usize = 4096;
+
+/// The smallest positive temperature. The sampler divides the f32 logits by the temperature
+/// (`logits / t` on the CPU; `logits * (1/t)`, with `1/t` rounded to f32, on CUDA), so a
+/// logit `x` becomes infinite once `|x| > t × f32::MAX`, and every log-prob of its row NaN:
+/// at `f32::MIN_POSITIVE` (1.2e-38) any logit of 4 or more does (libtorch on the CPU), and
+/// on CUDA below `1/f32::MAX` (2.9e-39) every logit does, `1/t` itself overflowing. No bound
+/// on `t` alone is exact (it depends on the logits), so the gateway takes `t >= 1e-6`, finite
+/// for logits up to 3.4e32, far past any model's, and refuses smaller ones: such a
+/// temperature samples practically the argmax, as `temperature: 0` (greedy) does. SGLang
+/// treats temperatures below the same 1e-6 as greedy.
+pub const MIN_TEMPERATURE: f32 = 1e-6;
+
+/// Up to 200 characters of a JSON value, for error messages (bodies may be megabytes).
+fn shown(value: &Json) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(200) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text,
+    }
+}
+
+/// Errors unless an anchor key fits [`MAX_FIELD_BYTES`] (`param`: where it came from).
+pub fn check_anchor(param: &str, anchor: &str) -> Result<(), ApiError> {
+    if anchor.len() > MAX_FIELD_BYTES {
+        return Err(ApiError::string_too_long(
+            param,
+            anchor.len(),
+            MAX_FIELD_BYTES,
+        ));
+    }
+    Ok(())
+}
 
 /// What the request checks need to know about the served model.
 #[derive(Clone, Debug, PartialEq)]
@@ -184,7 +225,10 @@ fn content_text(content: Option<&Json>, index: usize) -> Result<Option<String>, 
         }
         Some(other) => Err(ApiError::invalid(
             &format!("messages[{index}].content"),
-            format!("content must be a string or a list of text parts, got {other}"),
+            format!(
+                "content must be a string or a list of text parts, got {}",
+                shown(other)
+            ),
         )),
     }
 }
@@ -225,6 +269,9 @@ fn template_messages(messages: Vec<Json>) -> Result<(Vec<Json>, String), ApiErro
 impl RequestSettings {
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
+            Some(m) if m.len() > MAX_FIELD_BYTES => {
+                Err(ApiError::string_too_long("model", m.len(), MAX_FIELD_BYTES))
+            }
             Some(m) if m == self.model_name => Ok(()),
             Some(m) => Err(ApiError::not_found(format!(
                 "the model `{m}` does not exist; this gateway serves `{}`",
@@ -264,6 +311,15 @@ impl RequestSettings {
             return Err(ApiError::invalid(
                 "temperature",
                 format!("temperature must be in [0, 2], got {temperature}"),
+            ));
+        }
+        if temperature > 0.0 && temperature < MIN_TEMPERATURE {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!(
+                    "temperature {temperature:e} is below {MIN_TEMPERATURE:e}: the logits \
+                     divided by it are not finite numbers; send 0 for greedy sampling"
+                ),
             ));
         }
         let mut top_p = c.top_p.unwrap_or(1.0);
@@ -315,6 +371,16 @@ impl RequestSettings {
                 "stop takes at most 4 non-empty strings",
             ));
         }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_FIELD_BYTES) {
+            return Err(ApiError::string_too_long(
+                "stop",
+                long.len(),
+                MAX_FIELD_BYTES,
+            ));
+        }
+        if let Some(anchor) = c.cairn.as_ref().and_then(|c| c.anchor.as_deref()) {
+            check_anchor("cairn.anchor", anchor)?;
+        }
         let params = SamplingParams {
             temperature,
             top_p,
@@ -344,6 +410,41 @@ impl RequestSettings {
         ApiError::invalid(param, message).with_code("context_length_exceeded")
     }
 
+    /// The most bytes a prompt text may have, `None` when the tokenizer bounds no bytes per
+    /// token ([`Tokenizer::max_token_bytes`]). Every token stands for at most that many bytes,
+    /// so a longer text has more tokens than the context window takes: refusing it never
+    /// refuses a prompt that would fit.
+    pub fn prompt_byte_limit(&self, tokenizer: &Tokenizer) -> Option<usize> {
+        tokenizer
+            .max_token_bytes()
+            .map(|per_token| self.context_window.saturating_mul(per_token))
+    }
+
+    /// Errors (400 `context_length_exceeded` on `param`) when a text of `bytes` bytes cannot
+    /// fit the context window ([`RequestSettings::prompt_byte_limit`]): checked before the
+    /// text is encoded, so an oversized prompt costs no tokenizer time or memory.
+    pub fn check_prompt_bytes(
+        &self,
+        param: &str,
+        bytes: usize,
+        tokenizer: &Tokenizer,
+    ) -> Result<(), ApiError> {
+        match self.prompt_byte_limit(tokenizer) {
+            Some(limit) if bytes > limit => Err(ApiError::invalid(
+                param,
+                format!(
+                    "this model's maximum context length is {} tokens, and a token of its \
+                     tokenizer stands for at most {} bytes of text, so no prompt over {limit} \
+                     bytes fits; this one has {bytes}; shorten the prompt",
+                    self.context_window,
+                    limit / self.context_window.max(1),
+                ),
+            )
+            .with_code("context_length_exceeded")),
+            _ => Ok(()),
+        }
+    }
+
     /// Parses a `/v1/chat/completions` body.
     pub fn chat(
         &self,
@@ -367,7 +468,10 @@ impl RequestSettings {
             Some(other) => {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    format!("tool_choice {other} is not supported (use \"auto\" or \"none\")"),
+                    format!(
+                        "tool_choice {} is not supported (use \"auto\" or \"none\")",
+                        shown(other)
+                    ),
                 ))
             }
         };
@@ -376,7 +480,10 @@ impl RequestSettings {
                 .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?,
         )?;
         let tools = body.tools.filter(|t| !t.is_empty() && !tools_off);
-        let prompt = format.prompt_ids(&messages, tools.as_deref())?;
+        // Rendering is a copy of the messages; encoding is what a huge prompt makes costly.
+        let text = format.prompt_text(&messages, tools.as_deref())?;
+        self.check_prompt_bytes("messages", text.len(), format.tokenizer())?;
+        let prompt = format.tokenizer().encode(&text)?;
         let (params, n, seeded, stop) =
             self.common(&body.common, in_episode, "messages", prompt.len())?;
         Ok(Job {
@@ -447,6 +554,41 @@ impl RequestSettings {
                 )
             })?,
         };
+        // Bounded before anything is encoded: the number of prompts (`n` >= 1), a text's
+        // bytes, a list's ids.
+        let count = match &prompt {
+            Prompt::Texts(ts) => ts.len(),
+            Prompt::IdLists(lists) => lists.len(),
+            Prompt::Text(_) | Prompt::Ids(_) => 1,
+        };
+        if count > self.max_n * 4 {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("at most {} prompts × n per request", self.max_n * 4),
+            ));
+        }
+        let tokenizer = format.tokenizer();
+        let asked = (body.common.max_tokens)
+            .or(body.common.max_completion_tokens)
+            .filter(|&m| m >= 1)
+            .map(|m| m as u64);
+        match &prompt {
+            Prompt::Text(t) => self.check_prompt_bytes("prompt", t.len(), tokenizer)?,
+            Prompt::Texts(ts) => {
+                for t in ts {
+                    self.check_prompt_bytes("prompt", t.len(), tokenizer)?;
+                }
+            }
+            Prompt::Ids(list) if list.len() >= self.context_window => {
+                return Err(self.too_long("prompt", list.len(), asked))
+            }
+            Prompt::IdLists(lists) => {
+                if let Some(list) = lists.iter().find(|l| l.len() >= self.context_window) {
+                    return Err(self.too_long("prompt", list.len(), asked));
+                }
+            }
+            Prompt::Ids(_) => {}
+        }
         let (prompts, observation) = match prompt {
             Prompt::Text(t) => (vec![encode(&t)?], t),
             Prompt::Texts(ts) => (

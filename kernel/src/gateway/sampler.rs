@@ -98,6 +98,8 @@ pub struct Sample {
 /// Counters of the sampler, shared with the gateway's `/health`.
 #[derive(Debug, Default)]
 pub struct SamplingStats {
+    /// Requests taken for sampling (queued, joined or started).
+    pub received: AtomicU64,
     /// Ids sampled for requests (cut to each request's own limit).
     pub tokens: AtomicU64,
     /// Requests whose client went away while they were sampled; their rows were stopped.
@@ -112,6 +114,7 @@ pub struct SamplingStats {
 impl SamplingStats {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
+            "requests_received": self.received.load(Ordering::Relaxed),
             "tokens_sampled": self.tokens.load(Ordering::Relaxed),
             "requests_abandoned": self.abandoned.load(Ordering::Relaxed),
             "batches": self.batches.load(Ordering::Relaxed),
@@ -591,6 +594,7 @@ impl Handler<Sample> for Sampler {
         if request.prompts.is_empty() {
             return Err(ApiError::invalid("prompt", "there is no prompt to sample"));
         }
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
         if !request.seeded {
             request.params.seed = mix(self.seed, self.unseeded);
             self.unseeded += 1;

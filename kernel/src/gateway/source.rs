@@ -11,7 +11,9 @@
 //!
 //! The wait runs inside the actor's context, so [`StopCollecting`] (the host's shutdown) ends
 //! it: the actor stops, and a step still waiting gets a mailbox error instead of a loop that
-//! polls the store until the process exits.
+//! polls the store until the process exits. A stop request ([`crate::trainer::request_stop`],
+//! on SIGINT or SIGTERM) ends it too, with [`Error::Interrupted`]: the trainer then stops after
+//! its last finished step instead of waiting for episodes a harness may never send.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +23,7 @@ use parking_lot::Mutex;
 
 use super::store::EpisodeStore;
 use crate::actors::rollout::CollectGroups;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::rollout::{FailedEpisode, FailureKind, Rollouts, TrajectoryOutcome};
 
 /// How often a waiting step looks at the store.
@@ -76,6 +78,15 @@ impl Handler<CollectGroups> for EpisodeSource {
                 };
                 if let Some(collected) = collected {
                     return Ok(rollouts(collected));
+                }
+                // A stop request (SIGINT) ends the wait: the harness may never send more.
+                if let Some(reason) = crate::trainer::stop_requested() {
+                    return Err(Error::Interrupted {
+                        message: format!(
+                            "{reason}: RL step {} was waiting for harness episodes",
+                            msg.step
+                        ),
+                    });
                 }
                 if now.duration_since(noted) >= NOTE_EVERY {
                     noted = now;
@@ -147,6 +158,7 @@ mod tests {
                 rows: RowMode::Merged,
                 keep_finished: 4,
                 max_ready: 4,
+                max_open: 4,
             });
             let source = EpisodeSource {
                 store: Arc::new(Mutex::new(store)),

@@ -9,6 +9,10 @@
 //! ([`RowMode`]) waiting in a queue until [`EpisodeStore::take_groups`] hands them to a training
 //! step, grouped by the harness's task id.
 //!
+//! Bounds: at most [`EpisodeSettings::max_open`] episodes are open (more are a 429), a task id
+//! has at most [`MAX_TASK_ID_BYTES`], and a call whose sampled log-probs are not all finite is
+//! never recorded: its episode is dropped when it ends, so no NaN reaches a row.
+//!
 //! Merging (see [`super::segment`]): a call extends the open segment whose ids its prompt starts
 //! with, when the same policy version sampled both (a row carries one version); every other
 //! open segment is sealed. Otherwise all open segments are sealed and the call starts new ones
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 use cairn_plugin_sdk::{ContextVariant, TurnRow};
 use serde_json::{json, Map, Value as Json};
 
-use super::api_error::ApiError;
+use super::api_error::{ApiError, ApiErrorKind};
 use super::segment::{SampledChoice, Segment};
 use super::{MissingReward, RowMode};
 
@@ -38,7 +42,14 @@ pub struct EpisodeSettings {
     /// Finished episodes queued for training at most; the oldest are dropped past it (a
     /// `cairn serve` without a trainer or a recorder).
     pub max_ready: usize,
+    /// Open episodes at most (`source.max_open_episodes`); opening one more is a 429 until
+    /// some are rewarded, closed or time out.
+    pub max_open: usize,
 }
+
+/// Longest `task_id`, bytes: it is kept with the episode and copied onto every row. A
+/// harness that groups by a long description sends a hash of it.
+pub const MAX_TASK_ID_BYTES: usize = 4096;
 
 /// One completion call of an episode, as recorded.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +107,9 @@ struct Episode {
     /// Segments the next call may extend (those of the latest call).
     open: Vec<usize>,
     status: Status,
+    /// A call sampled non-finite log-probs and was not recorded: the episode has a hole, so
+    /// it is dropped when it ends instead of becoming rows.
+    nonfinite: bool,
 }
 
 /// A finished episode's rows, waiting for a training step.
@@ -151,6 +165,11 @@ pub struct StoreStats {
     /// Of those, breaks because a new policy version sampled the call.
     pub version_breaks: u64,
     pub sampled_tokens: u64,
+    /// Calls not recorded because a sampled log-prob was NaN or infinite (their episodes
+    /// are dropped when they end).
+    pub calls_nonfinite: u64,
+    /// Episodes refused because `max_open` episodes were open.
+    pub episodes_refused: u64,
 }
 
 /// The gateway's episodes; see the module docs.
@@ -163,6 +182,15 @@ pub struct EpisodeStore {
     dropped: Vec<(u64, String, String)>,
     next_seq: u64,
     stats: StoreStats,
+}
+
+/// An id or key as shown in a message: its first 128 bytes at most (a char boundary).
+fn shown(id: &str) -> &str {
+    let mut end = id.len().min(128);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
 }
 
 /// Episode ids are path segments and header values: keep them plain.
@@ -216,13 +244,40 @@ impl EpisodeStore {
         id: Option<String>,
         task_id: Option<String>,
     ) -> Result<String, ApiError> {
+        if let Some(task) = &task_id {
+            if task.len() > MAX_TASK_ID_BYTES {
+                return Err(ApiError::string_too_long(
+                    "task_id",
+                    task.len(),
+                    MAX_TASK_ID_BYTES,
+                ));
+            }
+        }
         self.sweep(now);
+        let open = self.open_count();
+        if open >= self.settings.max_open {
+            self.stats.episodes_refused += 1;
+            return Err(ApiError::new(
+                ApiErrorKind::TooManyRequests,
+                format!(
+                    "{open} episodes are open, the most this gateway keeps \
+                     (source.max_open_episodes = {}); reward or close some (idle ones time \
+                     out after {} s), or raise the limit",
+                    self.settings.max_open,
+                    self.settings.timeout.as_secs_f64()
+                ),
+            )
+            .with_code("too_many_open_episodes"));
+        }
         let seq = self.next_seq;
         let id = match id {
             Some(id) if !valid_id(&id) => {
                 return Err(ApiError::invalid(
                     "episode_id",
-                    format!("episode id `{id}` must be 1-128 characters of A-Z a-z 0-9 - _ . :"),
+                    format!(
+                        "episode id `{}` must be 1-128 characters of A-Z a-z 0-9 - _ . :",
+                        shown(&id)
+                    ),
                 ))
             }
             Some(id) if self.episodes.contains_key(&id) => {
@@ -245,6 +300,7 @@ impl EpisodeStore {
                 segments: Vec::new(),
                 open: Vec::new(),
                 status: Status::Open,
+                nonfinite: false,
             },
         );
         Ok(id)
@@ -254,7 +310,8 @@ impl EpisodeStore {
         self.sweep(now);
         let episode = self.episodes.get_mut(id).ok_or_else(|| {
             ApiError::not_found(format!(
-                "episode `{id}` not found; open one with POST /episodes"
+                "episode `{}` not found; open one with POST /episodes",
+                shown(id)
             ))
             .with_code("episode_not_found")
         })?;
@@ -282,6 +339,27 @@ impl EpisodeStore {
     ) -> Result<CallReceipt, ApiError> {
         let episode = self.episode_mut(id, now)?;
         episode.last_activity = now;
+        if let Some(bad) = call
+            .choices
+            .iter()
+            .flat_map(|c| &c.logprobs)
+            .find(|lp| !lp.is_finite())
+        {
+            // A NaN or infinite log-prob poisons every loss it enters; the call is kept out
+            // of the rows, and its episode (now with a hole) out of training.
+            episode.nonfinite = true;
+            self.stats.calls_nonfinite += 1;
+            tracing::warn!(episode = %id, logprob = %bad, temperature = call.temperature,
+                policy_version = call.policy_version,
+                "call sampled a non-finite log-prob; not recorded, episode will be dropped");
+            return Err(ApiError::internal(format!(
+                "the policy sampled a non-finite log-prob ({bad}) at temperature {} (policy \
+                 version {}); the call is not recorded and episode `{id}` will not be \
+                 trained on",
+                call.temperature, call.policy_version
+            ))
+            .with_code("nonfinite_logprobs"));
+        }
         let index = episode.calls.len() as u32;
         let candidates: Vec<usize> = episode
             .open
@@ -361,10 +439,16 @@ impl EpisodeStore {
                 format!("reward must be a finite number, got {reward}"),
             ));
         }
+        // A second reward is `reward_already_posted`; a reward after a close or a timeout is
+        // `episode_closed` (no reward was posted: the episode ended without one).
+        let rewarded = self
+            .episodes
+            .get(id)
+            .is_some_and(|e| matches!(e.status, Status::Rewarded { .. }));
         let episode = self
             .episode_mut(id, now)
             .map_err(|e| match e.code.as_deref() {
-                Some("episode_closed") => {
+                Some("episode_closed") if rewarded => {
                     ApiError::conflict(format!("{}; a reward is posted once", e.message))
                         .with_code("reward_already_posted")
                 }
@@ -427,6 +511,9 @@ impl EpisodeStore {
             )),
         };
         let finished = match outcome {
+            Ok(_) if episode.nonfinite => {
+                Err("a call sampled non-finite log-probs and was not recorded".to_string())
+            }
             Ok(_) if episode.calls.is_empty() => Err("no completion calls".to_string()),
             Ok((reward, success)) => Ok(FinishedEpisode {
                 id: episode.id.clone(),
@@ -562,7 +649,8 @@ impl EpisodeStore {
     pub fn view(&mut self, id: &str, now: Instant) -> Result<Json, ApiError> {
         self.sweep(now);
         let e = self.episodes.get(id).ok_or_else(|| {
-            ApiError::not_found(format!("episode `{id}` not found")).with_code("episode_not_found")
+            ApiError::not_found(format!("episode `{}` not found", shown(id)))
+                .with_code("episode_not_found")
         })?;
         let calls: Vec<Json> = e
             .calls
@@ -694,6 +782,7 @@ mod tests {
             rows,
             keep_finished: 100,
             max_ready: 100,
+            max_open: 100,
         }
     }
 
@@ -841,6 +930,110 @@ mod tests {
         );
         assert_eq!(s.check_open("nope", t).unwrap_err().status(), 404);
         assert_eq!(s.reward("a", t, f32::NAN, None).unwrap_err().status(), 400);
+    }
+
+    /// docs/gateway.md: a reward on an episode that ended without one (closed, timed out) is
+    /// `episode_closed`, not `reward_already_posted` (no reward was posted).
+    #[test]
+    fn a_reward_after_a_close_or_timeout_is_episode_closed() {
+        let t = Instant::now();
+        let mut s = EpisodeStore::new(settings(MissingReward::Drop, RowMode::Merged));
+        let closed = s.open(t, None, None).unwrap();
+        s.close(&closed, t).unwrap();
+        let idle = s.open(t, None, None).unwrap();
+        let later = t + Duration::from_secs(11);
+        for id in [&closed, &idle] {
+            let e = s.reward(id, later, 1.0, None).unwrap_err();
+            assert_eq!(
+                (e.status(), e.code.as_deref()),
+                (409, Some("episode_closed"))
+            );
+        }
+        assert!(s
+            .reward(&closed, later, 1.0, None)
+            .unwrap_err()
+            .message
+            .contains("is closed"));
+    }
+
+    /// Issue 32 finding 9: `task_id` has a length limit, and open episodes a cap; an episode
+    /// that ends (or times out) makes room again.
+    #[test]
+    fn task_ids_are_bounded_and_open_episodes_capped() {
+        let t = Instant::now();
+        let mut s = EpisodeStore::new(EpisodeSettings {
+            max_open: 2,
+            ..settings(MissingReward::Drop, RowMode::Merged)
+        });
+        let long = "t".repeat(MAX_TASK_ID_BYTES + 1);
+        let e = s.open(t, None, Some(long)).unwrap_err();
+        assert_eq!(
+            (e.status(), e.param.as_deref(), e.code.as_deref()),
+            (400, Some("task_id"), Some("string_above_max_length"))
+        );
+        assert!(e.message.len() < 200, "the id is not echoed: {}", e.message);
+        s.open(t, None, Some("t".repeat(MAX_TASK_ID_BYTES)))
+            .unwrap();
+        let second = s.open(t, None, None).unwrap();
+        let e = s.open(t, None, None).unwrap_err();
+        assert_eq!(
+            (e.status(), e.code.as_deref()),
+            (429, Some("too_many_open_episodes"))
+        );
+        assert!(
+            e.message.contains("source.max_open_episodes = 2"),
+            "{}",
+            e.message
+        );
+        assert_eq!((s.open_count(), s.stats().episodes_refused), (2, 1));
+        s.close(&second, t).unwrap();
+        s.open(t, None, None).unwrap();
+        assert!(s.open(t, None, None).is_err());
+        // Idle episodes time out and free their places.
+        s.open(t + Duration::from_secs(10), None, None).unwrap();
+    }
+
+    /// Issue 32 finding 11: a call whose log-probs are not all finite is not recorded, and
+    /// its episode is dropped when it ends, so no NaN reaches a row (trainer or `--record`).
+    #[test]
+    fn non_finite_log_probs_are_never_recorded() {
+        let t = Instant::now();
+        for bad in [f32::NAN, f32::NEG_INFINITY] {
+            let mut s = EpisodeStore::new(settings(MissingReward::Drop, RowMode::PerCall));
+            let id = s.open(t, None, Some("task".into())).unwrap();
+            s.record(&id, t, call(&[1], &[&[2]], 0)).unwrap();
+            let mut poisoned = call(&[1, 2, 3], &[&[4, 5]], 0);
+            poisoned.choices[0].logprobs[1] = bad;
+            let e = s.record(&id, t, poisoned).unwrap_err();
+            assert_eq!(
+                (e.status(), e.code.as_deref()),
+                (500, Some("nonfinite_logprobs"))
+            );
+            assert_eq!((s.stats().calls, s.stats().calls_nonfinite), (1, 1));
+            let view = s.view(&id, t).unwrap();
+            assert_eq!(view["calls"].as_array().unwrap().len(), 1);
+            s.reward(&id, t, 1.0, None).unwrap();
+            assert!(
+                s.drain_ready().is_empty(),
+                "the episode has a hole: dropped"
+            );
+            assert_eq!(s.stats().episodes_dropped, 1);
+        }
+    }
+
+    /// `source.max_open_episodes` reaches the store, and 0 is refused.
+    #[test]
+    fn max_open_episodes_is_read_and_checked() {
+        let config: super::super::GatewayConfig = toml::from_str("max_open_episodes = 3").unwrap();
+        assert_eq!(config.episode_settings().max_open, 3);
+        let zero = super::super::GatewayConfig {
+            max_open_episodes: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            zero.problem().map(|p| p.0),
+            Some("source.max_open_episodes")
+        );
     }
 
     #[test]

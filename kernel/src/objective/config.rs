@@ -181,8 +181,8 @@ pub(crate) fn config_error(message: String) -> Error {
 impl ObjectiveConfig {
     /// Parses a JSON object and validates it.
     pub fn from_json(text: &str) -> Result<Self> {
-        let config: ObjectiveConfig =
-            serde_json::from_str(text).map_err(|e| config_error(e.to_string()))?;
+        // Errors name the key (`kl_coef: invalid type: ...`), as `--set KEY=VALUE` wrote it.
+        let config: ObjectiveConfig = super::tools::from_json_at(text, "objective config")?;
         config.validate()?;
         Ok(config)
     }
@@ -404,6 +404,21 @@ mod tests {
                 "{json}: `{message}` should mention `{n}`"
             );
         }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key() {
+        // Found by the fuzzer (kernel/tests/it/fuzz/batch.rs): serde_json alone said only
+        // "invalid type: sequence, expected f64 at line 1 column 14".
+        check_err(r#"{"kl_coef": [1]}"#, &["kl_coef: invalid type: sequence"]);
+        check_err(
+            r#"{"aggregation": {}}"#,
+            &["aggregation: invalid type: map"],
+        );
+        check_err(
+            r#"{"clip_high": 1e400}"#,
+            &["clip_high: number out of range"],
+        );
     }
 
     #[test]

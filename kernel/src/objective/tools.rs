@@ -41,7 +41,8 @@ pub struct RowSignals {
     pub turn: u32,
     /// Mask-1 tokens.
     pub tokens: usize,
-    /// Mean advantage over the mask-1 tokens (0 when there are none).
+    /// Mean advantage over the mask-1 tokens (0 when there are none, or when the plugin gives
+    /// no advantages).
     pub advantage_mean: f64,
     /// Whether the row's group was dropped by the algorithm.
     pub dropped: bool,
@@ -72,12 +73,14 @@ pub fn run_signals(algorithm: &mut dyn Algorithm, batch: &Batch) -> Result<Signa
         Ok(m) => m,
         Err(poisoned) => poisoned.into_inner(),
     };
+    // One entry per batch row, also for a plugin that gives no advantages (a stack member that
+    // only scales them or adds aux terms).
     let rows = batch
         .rows
         .iter()
-        .zip(&signals.advantages)
         .enumerate()
-        .map(|(i, (row, adv))| {
+        .map(|(i, row)| {
+            let adv = signals.advantages.get(i).map_or(&[][..], Vec::as_slice);
             let selected: Vec<f64> = row
                 .response_mask
                 .iter()
@@ -90,7 +93,7 @@ pub fn run_signals(algorithm: &mut dyn Algorithm, batch: &Batch) -> Result<Signa
                 group_id: row.group_id,
                 trajectory_id: row.trajectory_id,
                 turn: row.turn,
-                tokens: selected.len(),
+                tokens: row.response_mask.iter().filter(|&&m| m == 1).count(),
                 advantage_mean: cairn_plugin_sdk::stats::mean(&selected),
                 dropped: signals.dropped_groups.contains(&row.group_id),
             }
@@ -129,14 +132,45 @@ pub struct LossToolInput {
 }
 
 impl LossToolInput {
-    /// Parses the JSON form. Errors name the input as "loss tool input"; the CLI replaces it
-    /// with the file path.
+    /// Parses the JSON form. Errors name the input as "loss tool input" (the CLI replaces it
+    /// with the file path) and the place of the bad value (`batch.rows[1].turn: ...`).
     pub fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| Error::Config {
-            file: "loss tool input".into(),
-            message: e.to_string(),
-        })
+        from_json_at(text, "loss tool input")
     }
+}
+
+/// Reads a batch in its JSON form (docs/batch-json.md), as `cairn signals --batch` does;
+/// `source` names the input in errors. A value of the wrong type, out of range, or an
+/// unknown key is an error naming its place (`rows[2].turn: invalid type: ...`).
+pub fn parse_batch(text: &str, source: &str) -> Result<Batch> {
+    from_json_at(text, source).map_err(|e| match e {
+        Error::Config { file, message } => Error::Config {
+            file,
+            message: format!("{message} (the batch JSON form is in docs/batch-json.md)"),
+        },
+        other => other,
+    })
+}
+
+/// `serde_json` with the path of the failing value in the message (serde_json alone gives
+/// only a line and column for a value of the wrong type); `source` names the input.
+pub(crate) fn from_json_at<T: serde::de::DeserializeOwned>(text: &str, source: &str) -> Result<T> {
+    let error = |message: String| Error::Config {
+        file: source.into(),
+        message,
+    };
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let path = e.path().to_string();
+        error(if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        })
+    })?;
+    // Trailing characters after the document are an error too, as in serde_json::from_str.
+    de.end().map_err(|e| error(e.to_string()))?;
+    Ok(value)
 }
 
 /// What [`run_loss`] returns (`cairn loss` prints it as JSON).
@@ -612,7 +646,7 @@ mod tests {
     struct Centre;
 
     impl Algorithm for Centre {
-        fn signals(&mut self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
+        fn signals(&self, batch: &Batch, host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
             if batch.rows.is_empty() {
                 return Err(PluginError::input("empty batch"));
             }
@@ -629,6 +663,60 @@ mod tests {
                 ..Signals::default()
             })
         }
+    }
+
+    #[test]
+    fn json_errors_name_the_place_of_the_bad_value() {
+        // serde_json alone gave only a line and column ("invalid type: string \"x\", expected
+        // u32 at line 1 column 23"); the fuzzer asks for the field.
+        let e = parse_batch(r#"{"rows": [{"turn": "x"}]}"#, "b.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("b.json: rows[0].turn: invalid type: string")
+                && e.contains("batch-json.md"),
+            "{e}"
+        );
+        let e = parse_batch(r#"{"rows": [{"turnn": 1}]}"#, "b.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rows[0].turnn: unknown field `turnn`"), "{e}");
+        let e = parse_batch(r#"{"step": 1} x"#, "b.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trailing characters"), "{e}");
+        let mut input: serde_json::Value = serde_json::from_str(EXAMPLE).unwrap();
+        input["current_logp"][1][0] = serde_json::json!({});
+        let e = LossToolInput::from_json(&input.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("loss tool input: current_logp[1][0]: invalid type: map"),
+            "{e}"
+        );
+    }
+
+    /// A stack member that returns no advantages (only aux terms, or scales).
+    struct NoAdvantages;
+
+    impl Algorithm for NoAdvantages {
+        fn signals(&self, _: &Batch, _: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
+            Ok(Signals::default())
+        }
+    }
+
+    #[test]
+    fn signals_report_has_a_row_per_batch_row_without_advantages() {
+        // The fuzzer found `rows: []` for such plugins (edge, pats, ucob...): the rows were
+        // zipped with the empty advantages.
+        let batch = example().batch;
+        let out = run_signals(&mut NoAdvantages, &batch).unwrap();
+        assert_eq!(out.rows.len(), 4);
+        let row0 = &out.rows[0];
+        assert_eq!(
+            (row0.tokens, row0.advantage_mean, row0.dropped),
+            (3, 0.0, false)
+        );
     }
 
     #[test]

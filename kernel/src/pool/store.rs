@@ -54,14 +54,18 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Opens an existing pool for curation (`cairn pool exclude`); refuses a missing file
-    /// rather than creating one.
+    /// Opens an existing pool for curation (`cairn pool exclude`): refuses a missing file
+    /// rather than creating one, and refuses what [`PoolReader::open`] refuses (an empty file
+    /// or database, a file that is not a pool) rather than turning it into a pool.
+    ///
+    /// [`PoolReader::open`]: super::PoolReader::open
     pub fn open_existing(path: &Path) -> Result<Pool> {
         if !path.is_file() {
             return Err(Error::NoPool {
                 run: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
             });
         }
+        drop(super::PoolReader::open(path)?);
         Pool::open(path)
     }
 

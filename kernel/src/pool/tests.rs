@@ -465,6 +465,32 @@ fn a_pool_of_another_version_or_another_program_is_refused_and_left_alone() {
     ));
 }
 
+/// Curation opens only a pool: an empty `pool.sqlite` (or an empty database) is refused as
+/// the reader refuses it and left as it is, not given the schema.
+#[test]
+fn open_existing_refuses_an_empty_file_or_database_and_leaves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join(POOL_FILE);
+    std::fs::write(&empty, "").unwrap();
+    let err = Pool::open_existing(&empty).unwrap_err();
+    assert!(
+        matches!(&err, Error::Pool { detail, .. } if detail.contains("an empty file")),
+        "{err}"
+    );
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+    let blank = dir.path().join("blank.sqlite");
+    drop(rusqlite::Connection::open(&blank).unwrap());
+    assert!(Pool::open_existing(&blank).is_err());
+    assert!(matches!(
+        Pool::open_existing(&dir.path().join("missing.sqlite")),
+        Err(Error::NoPool { .. })
+    ));
+    // A real pool opens.
+    let path = dir.path().join("real.sqlite");
+    drop(Pool::open(&path).unwrap());
+    Pool::open_existing(&path).unwrap();
+}
+
 #[test]
 fn a_reader_sees_each_committed_step_while_the_writer_goes_on() {
     let (dir, mut pool) = pool_with(1);

@@ -106,7 +106,12 @@ impl ChatFormat {
 
     /// Ids of the rendered conversation followed by the generation prompt.
     pub fn prompt_ids(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Vec<u32>> {
-        self.tokenizer
-            .encode(&self.template.render(messages, &self.options(tools))?)
+        self.tokenizer.encode(&self.prompt_text(messages, tools)?)
+    }
+
+    /// The rendered conversation followed by the generation prompt: the text
+    /// [`ChatFormat::prompt_ids`] encodes (the gateway checks its length before encoding).
+    pub fn prompt_text(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String> {
+        self.template.render(messages, &self.options(tools))
     }
 }

@@ -41,6 +41,8 @@ pub struct Tokenizer {
     /// `inner.get_vocab_size(true)`, counted once: the `tokenizers` call builds a map of the
     /// whole vocabulary each time, and the gateway asks for it on every request.
     vocab_size: usize,
+    /// [`Tokenizer::max_token_bytes`], worked out from the same vocabulary map.
+    max_token_bytes: Option<usize>,
 }
 
 impl Tokenizer {
@@ -117,13 +119,16 @@ impl Tokenizer {
         config_path: &Path,
     ) -> Result<Tokenizer> {
         add_config_tokens(&mut inner, &config, config_path)?;
-        let vocab_size = inner.get_vocab_size(true);
+        // `get_vocab_size(true)` is the length of this map (it builds it too).
+        let vocab = inner.get_vocab(true);
+        let max_token_bytes = max_token_bytes(&inner, &vocab);
         let mut tokenizer = Tokenizer {
             inner: Arc::new(inner),
             config,
             eos_ids: Vec::new(),
             chat_template: None,
-            vocab_size,
+            vocab_size: vocab.len(),
+            max_token_bytes,
         };
         for key in SPECIAL_TOKEN_KEYS {
             if let Some(token) = tokenizer.special_token(key) {
@@ -207,6 +212,15 @@ impl Tokenizer {
     /// Vocabulary size including added tokens (the embedding needs at least this many rows).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// The most bytes of input text one token can stand for, so that a text of more than
+    /// `n × max_token_bytes` bytes surely encodes to more than `n` ids (the gateway refuses
+    /// such prompts before encoding them). `None` when the tokenizer bounds no such span: a
+    /// model with an unknown token that takes a word of any length (word-level, WordPiece,
+    /// Unigram, BPE with `fuse_unk`), or a normalizer or pre-tokenizer that may drop text.
+    pub fn max_token_bytes(&self) -> Option<usize> {
+        self.max_token_bytes
     }
 
     /// A named special token from the config (`"eos_token"` → `<|im_end|>`), in either the
@@ -359,6 +373,109 @@ fn add_config_tokens(
         }
     }
     Ok(())
+}
+
+/// Normalizers that may shorten a text: a character folds to one of at least a quarter of
+/// its bytes (U+212A KELVIN SIGN, 3 bytes, is `K`; U+1D400, 4 bytes, is `A` under NFKC), and
+/// canonical composition folds at most three characters of 9 bytes into one of 3 (Hangul
+/// L+V+T).
+const SHRINKING_NORMALIZERS: [&str; 5] = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase"];
+/// Normalizers that never shorten a text (`Sequence` only chains others). The rest (`Strip`,
+/// `Replace`, `BertNormalizer`, `Precompiled`...) may drop any amount of it.
+const LENGTHENING_NORMALIZERS: [&str; 3] = ["Prepend", "ByteLevel", "Sequence"];
+/// Pre-tokenizers that split the text without dropping any of it (unless a `Split` or
+/// `Punctuation` says `"behavior": "Removed"`).
+const KEEPING_PRE_TOKENIZERS: [&str; 8] = [
+    "ByteLevel",
+    "Split",
+    "Punctuation",
+    "Digits",
+    "Metaspace",
+    "UnicodeScripts",
+    "FixedLength",
+    "Sequence",
+];
+
+/// See [`Tokenizer::max_token_bytes`]. For a BPE model: the longest vocabulary entry, in input
+/// bytes (a byte-level alphabet shows each byte as one character; an added token is matched
+/// in the text as it is), at least 4 (an unknown character, when `unk_token` is set without
+/// `fuse_unk`), times 4 when a normalizer may shorten the text ([`SHRINKING_NORMALIZERS`]).
+fn max_token_bytes(
+    inner: &tokenizers::Tokenizer,
+    vocab: &std::collections::HashMap<String, u32>,
+) -> Option<usize> {
+    let tokenizers::models::ModelWrapper::BPE(bpe) = inner.get_model() else {
+        return None;
+    };
+    if bpe.unk_token.is_some() && bpe.fuse_unk {
+        return None;
+    }
+    // The `type` of every component, and whether any drops its delimiters.
+    fn components(value: &Json, types: &mut Vec<String>) -> bool {
+        match value {
+            Json::Object(map) => {
+                if let Some(Json::String(t)) = map.get("type") {
+                    types.push(t.clone());
+                }
+                let mut removes = map.get("behavior").and_then(Json::as_str) == Some("Removed");
+                for v in map.values() {
+                    removes |= components(v, types);
+                }
+                removes
+            }
+            Json::Array(items) => {
+                let mut removes = false;
+                for v in items {
+                    removes |= components(v, types);
+                }
+                removes
+            }
+            _ => false,
+        }
+    }
+    let mut factor = 1;
+    if let Some(normalizer) = inner.get_normalizer() {
+        let mut types = Vec::new();
+        components(&serde_json::to_value(normalizer).ok()?, &mut types);
+        for t in &types {
+            if SHRINKING_NORMALIZERS.contains(&t.as_str()) {
+                factor = 4;
+            } else if !LENGTHENING_NORMALIZERS.contains(&t.as_str()) {
+                return None;
+            }
+        }
+    }
+    let mut byte_level = false;
+    if let Some(pre) = inner.get_pre_tokenizer() {
+        let mut types = Vec::new();
+        if components(&serde_json::to_value(pre).ok()?, &mut types) {
+            return None;
+        }
+        if types
+            .iter()
+            .any(|t| !KEEPING_PRE_TOKENIZERS.contains(&t.as_str()))
+        {
+            return None;
+        }
+        byte_level = types.iter().any(|t| t == "ByteLevel");
+    }
+    let added: std::collections::HashSet<String> = inner
+        .get_added_tokens_decoder()
+        .into_values()
+        .map(|t| t.content)
+        .collect();
+    let longest = vocab
+        .keys()
+        .map(|token| {
+            if byte_level && !added.contains(token) {
+                token.chars().count()
+            } else {
+                token.len()
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    Some(longest.max(4) * factor)
 }
 
 fn read_file(path: &Path) -> Result<String> {

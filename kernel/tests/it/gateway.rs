@@ -3,6 +3,7 @@
 //! requests are rendered, sampled, returned, fed back by a "harness" and merged, and the
 //! trained rows are checked id by id.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,9 +11,10 @@ use actix::prelude::*;
 use cairn_kernel::actors::policy::PolicyActor;
 use cairn_kernel::backend::NullBackend;
 use cairn_kernel::gateway::{
-    EpisodeSettings, EpisodeStore, Gateway, MissingReward, RequestSettings, Route, RowMode, Sampler,
+    ApiError, EpisodeSettings, EpisodeStore, Gateway, MissingReward, RequestSettings, Route,
+    RowMode, Sampler,
 };
-use cairn_kernel::text::ChatFormat;
+use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use futures::StreamExt;
 use parking_lot::Mutex;
 use serde_json::{json, Value as Json};
@@ -55,6 +57,7 @@ fn gateway(response: &[u32]) -> Gateway {
         rows: RowMode::Merged,
         keep_finished: 16,
         max_ready: 16,
+        max_open: 16,
     });
     let settings = RequestSettings {
         model_name: "cairn".into(),
@@ -384,5 +387,230 @@ fn engine_extensions_reach_the_sampler() {
             qwen3().encode("What is the capital").unwrap()
         );
         assert_eq!(t["max_model_len"], 4096);
+    });
+}
+
+fn limited(context_window: usize) -> RequestSettings {
+    RequestSettings {
+        model_name: "cairn".into(),
+        context_window,
+        default_max_tokens: 8,
+        max_n: 4,
+        training_sampling: None,
+    }
+}
+
+/// `(status, param, code)` of a refused request.
+fn refusal(e: &ApiError) -> (u16, Option<&str>, Option<&str>) {
+    (e.status(), e.param.as_deref(), e.code.as_deref())
+}
+
+/// Issue 32 finding 8: a prompt is refused by its size in bytes before it is encoded. The
+/// bound is the context window times the most bytes one token stands for (Qwen3: its longest
+/// token, 128 spaces, times 4 for its NFC normaliser), so it never refuses a prompt that fits.
+#[test]
+fn an_oversized_prompt_is_refused_by_its_bytes_before_encoding() {
+    let format = format();
+    assert_eq!(format.tokenizer().max_token_bytes(), Some(512));
+    let settings = limited(64);
+    assert_eq!(
+        settings.prompt_byte_limit(format.tokenizer()),
+        Some(64 * 512)
+    );
+    let over = "a".repeat(64 * 512 + 1);
+    let bodies = [
+        (
+            Route::Completions,
+            json!({"model": "cairn", "prompt": over}),
+            "prompt",
+        ),
+        (
+            Route::Completions,
+            json!({"model": "cairn", "prompt": ["a b", over]}),
+            "prompt",
+        ),
+        (
+            Route::Chat,
+            json!({"model": "cairn", "messages": [{"role": "user", "content": over}]}),
+            "messages",
+        ),
+    ];
+    for (route, body, param) in bodies {
+        let body = body.to_string();
+        let e = match route {
+            Route::Chat => settings.chat(body.as_bytes(), &format, false),
+            Route::Completions => settings.completion(body.as_bytes(), &format, false),
+        }
+        .unwrap_err();
+        assert_eq!(
+            refusal(&e),
+            (400, Some(param), Some("context_length_exceeded"))
+        );
+        assert!(
+            e.message.contains("no prompt over 32768 bytes fits"),
+            "refused by bytes, not after encoding: {}",
+            e.message
+        );
+    }
+    // Many copies of the longest token: 8064 bytes in 63 tokens, which fit a 64-token window
+    // (a bound of 64 bytes per token would have refused them).
+    let spaces = " ".repeat(128 * 63);
+    assert_eq!(format.tokenizer().encode(&spaces).unwrap().len(), 63);
+    let fits = json!({"model": "cairn", "prompt": spaces, "max_tokens": 1}).to_string();
+    let job = settings
+        .completion(fits.as_bytes(), &format, false)
+        .unwrap();
+    assert_eq!(job.prompts[0].len(), 63);
+    // Llama 3 (byte-level BPE, no normaliser) is bounded by its longest token alone; a
+    // word-level tokenizer maps an unknown word of any length to one `[UNK]`, so no byte
+    // bound holds and its prompts are checked by their token count only.
+    let llama3 = Tokenizer::from_dir(Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/torch/tests/fixtures/fidelity/models/llama3"
+    )))
+    .unwrap();
+    assert_eq!(llama3.max_token_bytes(), Some(19), "<|start_header_id|>");
+    let words = train_word_level(["go to the kitchen"], &WordLevelConfig::default()).unwrap();
+    assert_eq!(words.max_token_bytes(), None);
+    assert_eq!(settings.prompt_byte_limit(&words), None);
+    // A list of ids longer than the window is refused before its ids are read.
+    let ids = json!({"model": "cairn", "prompt": vec![-1; 64], "max_tokens": 2}).to_string();
+    let e = settings
+        .completion(ids.as_bytes(), &format, false)
+        .unwrap_err();
+    assert_eq!(
+        refusal(&e),
+        (400, Some("prompt"), Some("context_length_exceeded"))
+    );
+    assert!(
+        e.message
+            .contains("the request needs 66: 64 prompt tokens + max_tokens 2"),
+        "{}",
+        e.message
+    );
+    // `/tokenize` takes no text that could not be a prompt either (window 4096: 2 MiB).
+    System::new().block_on(async {
+        let gw = gateway(&GENERATED);
+        let body = json!({"prompt": "a".repeat(4096 * 512 + 1)}).to_string();
+        let e = gw.tokenize(body.as_bytes()).unwrap_err();
+        assert_eq!(
+            refusal(&e),
+            (400, Some("prompt"), Some("context_length_exceeded"))
+        );
+    });
+}
+
+/// Issue 32 finding 9: every string a client sends that the gateway keeps or compares has a
+/// length limit, and the refusal names the field without echoing it.
+#[test]
+fn long_string_fields_are_refused_by_name() {
+    use cairn_kernel::gateway::request::MAX_FIELD_BYTES;
+    let format = format();
+    let settings = limited(4096);
+    let long = "x".repeat(MAX_FIELD_BYTES + 1);
+    let bodies = [
+        ("model", json!({"model": long, "prompt": "a"})),
+        (
+            "stop",
+            json!({"model": "cairn", "prompt": "a", "stop": ["s", long]}),
+        ),
+        (
+            "cairn.anchor",
+            json!({"model": "cairn", "prompt": "a", "cairn": {"anchor": long}}),
+        ),
+    ];
+    for (param, body) in bodies {
+        let e = settings
+            .completion(body.to_string().as_bytes(), &format, false)
+            .unwrap_err();
+        assert_eq!(
+            refusal(&e),
+            (400, Some(param), Some("string_above_max_length"))
+        );
+        assert!(e.message.len() < 200, "not echoed: {}", e.message);
+    }
+    let at_limit = "x".repeat(MAX_FIELD_BYTES);
+    let body = json!({"model": "cairn", "prompt": "a", "stop": [at_limit],
+                      "cairn": {"anchor": at_limit}});
+    settings
+        .completion(body.to_string().as_bytes(), &format, false)
+        .unwrap();
+    System::new().block_on(async {
+        let gw = gateway(&GENERATED);
+        let ep = gw.open_episode(b"{}").unwrap()["episode_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let body = json!({"model": "cairn", "prompt": "a", "max_tokens": 1}).to_string();
+        let e = gw
+            .start(
+                Route::Completions,
+                body.as_bytes(),
+                Some(&ep),
+                Some(long.clone()),
+            )
+            .await
+            .err()
+            .expect("an over-long X-Cairn-Anchor is refused");
+        assert_eq!(
+            refusal(&e),
+            (400, Some("X-Cairn-Anchor"), Some("string_above_max_length"))
+        );
+        let task = json!({"task_id": "t".repeat(5000)}).to_string();
+        let e = gw.open_episode(task.as_bytes()).unwrap_err();
+        assert_eq!(
+            refusal(&e),
+            (400, Some("task_id"), Some("string_above_max_length"))
+        );
+        let e = gw.view(&"e".repeat(100_000)).unwrap_err();
+        assert!(e.message.len() < 300, "not echoed: {}", e.message);
+    });
+}
+
+/// Issue 32 finding 11: a positive temperature so small that the logits divided by it are no
+/// longer finite is refused (they came back as id 0 with NaN log-probs); 0 (greedy) and
+/// temperatures from 1e-6 up are served.
+#[test]
+fn a_temperature_that_overflows_the_logits_is_refused() {
+    let format = format();
+    let settings = limited(4096);
+    let body = |t: &str| format!(r#"{{"model": "cairn", "prompt": "a", "temperature": {t}}}"#);
+    for t in ["1e-39", "1.1e-38", "1e-20", "9.9e-7"] {
+        let e = settings
+            .completion(body(t).as_bytes(), &format, false)
+            .unwrap_err();
+        assert_eq!(refusal(&e), (400, Some("temperature"), None), "{t}");
+        assert!(e.message.contains("send 0 for greedy"), "{}", e.message);
+    }
+    for (t, want) in [("0", 0.0), ("1e-6", 1e-6), ("0.7", 0.7)] {
+        let job = settings
+            .completion(body(t).as_bytes(), &format, false)
+            .unwrap();
+        assert_eq!(job.params.temperature, want);
+    }
+}
+
+/// Issue 32 finding 11, recording side: a sampled answer whose log-probs are not finite is
+/// not recorded (a 500 naming it), `/health` counts it, and its episode never becomes rows.
+#[test]
+fn non_finite_log_probs_never_reach_a_row() {
+    System::new().block_on(async {
+        let gw = gateway(&GENERATED);
+        let ep = gw.open_episode(b"{}").unwrap()["episode_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let body = json!({"model": "cairn", "prompt": PROMPT_IDS, "max_tokens": 4}).to_string();
+        let mut done = gw
+            .complete(Route::Completions, body.as_bytes(), Some(&ep), None)
+            .await
+            .unwrap();
+        done.outputs[0].logprobs[2] = f32::NAN;
+        let e = gw.record(&done, &ep).unwrap_err();
+        assert_eq!(refusal(&e), (500, None, Some("nonfinite_logprobs")));
+        assert_eq!(gw.health()["stats"]["calls_nonfinite"], 1);
+        gw.reward(&ep, br#"{"reward": 1.0}"#).unwrap();
+        assert!(gw.store().lock().drain_ready().is_empty());
+        assert_eq!(gw.health()["stats"]["episodes_dropped"], 1);
     });
 }

@@ -1,6 +1,7 @@
 //! Integration tests of `cairn-kernel`: one binary, one module per area (style.md).
 
 mod bank;
+mod fuzz;
 mod gateway;
 mod pipeline;
 mod plugins;

@@ -148,7 +148,7 @@ impl Algorithm for Recorder {
         Ok(vec![ContextVariant::default(); request.group_size as usize])
     }
 
-    fn signals(&mut self, batch: &Batch, _host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
+    fn signals(&self, batch: &Batch, _host: &dyn Host) -> cairn_plugin_sdk::Result<Signals> {
         let rows = batch
             .rows
             .iter()

@@ -121,7 +121,7 @@ fn run(
         (t + steps) as usize,
         model.dtype().kind(),
         Device::Cpu,
-    );
+    )?;
     let start = Instant::now();
     let pos = Tensor::arange(t, (Kind::Int64, Device::Cpu))
         .unsqueeze(0)

@@ -105,10 +105,10 @@ impl TorchBackend {
         score_batch_size: usize,
     ) -> Result<TorchBackend> {
         let mut reference =
-            CausalLm::uninitialized(policy.config(), policy.device(), policy.dtype());
+            CausalLm::uninitialized(policy.config(), policy.device(), policy.dtype())?;
         reference.var_store_mut().copy(policy.var_store())?;
         reference.var_store_mut().freeze();
-        let optimizer = AdamW::new(policy.named_parameters(), optimizer, warmup_steps);
+        let optimizer = AdamW::new(policy.named_parameters(), optimizer, warmup_steps)?;
         Ok(TorchBackend {
             policy,
             reference,
@@ -342,13 +342,14 @@ impl TorchBackend {
         } else {
             None
         };
-        let mut model = reuse.unwrap_or_else(|| {
-            CausalLm::uninitialized(
+        let mut model = match reuse {
+            Some(model) => model,
+            None => CausalLm::uninitialized(
                 self.policy.config(),
                 self.policy.device(),
                 self.policy.dtype(),
-            )
-        });
+            )?,
+        };
         model.var_store_mut().copy(self.policy.var_store())?;
         model.var_store_mut().freeze();
         self.versions.push_back((self.policy_version, model));

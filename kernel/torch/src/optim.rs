@@ -39,22 +39,29 @@ pub struct OptimStep {
 }
 
 impl AdamW {
+    /// Errors: libtorch cannot allocate the moments (two f32 copies of the parameters).
     pub fn new(
         params: Vec<(String, Tensor)>,
         settings: OptimizerSettings,
         warmup_steps: u64,
-    ) -> AdamW {
-        let zeros = |p: &Tensor| Tensor::zeros(p.size(), (Kind::Float, p.device()));
-        let exp_avg = params.iter().map(|(_, p)| zeros(p)).collect();
-        let exp_avg_sq = params.iter().map(|(_, p)| zeros(p)).collect();
-        AdamW {
+    ) -> Result<AdamW> {
+        let zeros = |p: &Tensor| Tensor::f_zeros(p.size(), (Kind::Float, p.device()));
+        let exp_avg = params
+            .iter()
+            .map(|(_, p)| zeros(p))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let exp_avg_sq = params
+            .iter()
+            .map(|(_, p)| zeros(p))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(AdamW {
             settings,
             warmup_steps,
             params,
             exp_avg,
             exp_avg_sq,
             step: 0,
-        }
+        })
     }
 
     pub fn settings(&self) -> &OptimizerSettings {
@@ -217,7 +224,7 @@ mod tests {
             max_grad_norm: 0.0,
         };
         let p = Tensor::from_slice(&[1.0f32]).set_requires_grad(true);
-        let mut opt = AdamW::new(vec![("w".into(), p.shallow_clone())], settings, 0);
+        let mut opt = AdamW::new(vec![("w".into(), p.shallow_clone())], settings, 0).unwrap();
         (&p * 3.0).sum(Kind::Float).backward();
         let report = opt.step().unwrap();
         assert_eq!(report.grad_norm, 3.0);
@@ -241,7 +248,7 @@ mod tests {
             max_grad_norm: 1.0,
         };
         let p = Tensor::zeros([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let mut opt = AdamW::new(vec![("w".into(), p.shallow_clone())], settings, 4);
+        let mut opt = AdamW::new(vec![("w".into(), p.shallow_clone())], settings, 4).unwrap();
         (&p * Tensor::from_slice(&[3.0f32, 4.0]))
             .sum(Kind::Float)
             .backward();

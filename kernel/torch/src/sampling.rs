@@ -257,7 +257,7 @@ impl<'a, 's> Session<'a, 's> {
             batch.width + longest,
             self.model.dtype().kind(),
             device,
-        );
+        )?;
         let width = batch.width as i64;
         let hidden = self.model.hidden_states_with(
             &batch.input_ids,
@@ -417,7 +417,7 @@ impl<'a, 's> Session<'a, 's> {
                     batch.width,
                     self.model.dtype().kind(),
                     device,
-                );
+                )?;
                 // Only the keys and values are kept: the logits come at the next decode step.
                 let _ = self.model.hidden_states_with(
                     &batch.input_ids,

@@ -390,11 +390,15 @@ fn read_header(path: &Path) -> Result<BTreeMap<String, (String, Vec<i64>)>> {
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|e| Error::io(path, e))?;
     let len = u64::from_le_bytes(len);
-    // safetensors itself refuses headers over 100 MB.
+    // safetensors itself refuses headers over 100 MB. The length is not shown: it is the
+    // file's first 8 bytes, and a file that is not a safetensors file (a symlink to
+    // `/etc/passwd` handed to `POST /update_weights_from_disk`) would have its start printed.
     if len > 100_000_000 {
-        return Err(bad(format!(
-            "safetensors header of {len} bytes; not a safetensors file"
-        )));
+        return Err(bad(
+            "its first 8 bytes do not give a plausible header length (over 100 MB); not a \
+             safetensors file"
+                .into(),
+        ));
     }
     let mut header = vec![0u8; len as usize];
     file.read_exact(&mut header)

@@ -11,7 +11,12 @@
 //! running: the sampler first (queued and new requests get a 503 `shutting_down`, batches in
 //! flight are answered), then the HTTP server (it stops accepting and finishes the responses it
 //! is writing), then the episode source.
+//!
+//! Every request passes [`access::guard`] first: API keys, Host and Origin, the body's
+//! deadline, the connections of one client. A server off loopback without a key is refused at
+//! start.
 
+pub(crate) mod access;
 mod routes;
 
 use std::net::TcpListener;
@@ -92,7 +97,7 @@ fn start_serving(
     training: bool,
     bind: &str,
     dashboard_root: Option<&Path>,
-    weights: Option<Recipient<LoadWeights>>,
+    weights: Option<(Recipient<LoadWeights>, Vec<PathBuf>)>,
 ) -> Result<Started> {
     let format = ChatFormat::from_tokenizer(tokenizer.clone())
         .context("the gateway renders prompts with the model's chat template")?;
@@ -130,21 +135,31 @@ fn start_serving(
         sampler.clone().recipient(),
         sampling,
     );
-    let listener = TcpListener::bind(bind).with_context(|| format!("gateway: binding {bind}"))?;
+    // Refused before the socket opens when off loopback without a key.
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(bind)
+        .with_context(|| format!("gateway: resolving {bind}"))?
+        .collect();
+    let access = access::Access::gateway(gateway_config, &addrs)?;
+    let listener =
+        TcpListener::bind(&addrs[..]).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
+    let access = Arc::new(access.serving_at(addr));
     let data = actix_web::web::Data::new(gateway.clone());
-    let loader = weights.map(|load| {
+    let loader = weights.map(|(load, roots)| {
         actix_web::web::Data::new(WeightLoader {
             pause: sampler.clone().recipient(),
             resume: sampler.clone().recipient(),
             load,
+            roots,
         })
     });
+    let on_connect = access.on_connect();
     let dashboard = dashboard_root
         .map(|root| actix_web::web::Data::new(Dashboard::beside(root, gateway.clone())));
     let dashboard_base = dashboard.as_ref().map(|d| d.base().to_owned());
     let server = actix_web::HttpServer::new(move || {
         let dashboard = dashboard.clone();
+        let access = access.clone();
         let mut app = actix_web::App::new().app_data(data.clone());
         if let Some(loader) = &loader {
             app = app.app_data(loader.clone());
@@ -155,7 +170,13 @@ fn start_serving(
             }
             routes::configure(cfg);
         })
+        .wrap(actix_web::middleware::from_fn(
+            move |req, next: actix_web::middleware::Next<actix_web::body::BoxBody>| {
+                access::guard(access.clone(), req, next)
+            },
+        ))
     })
+    .on_connect(on_connect)
     .workers(2)
     // Under load the two cores go to the model: give slow clients time to send a request.
     .client_request_timeout(Duration::from_secs(60))
@@ -193,16 +214,18 @@ fn start_serving(
 /// JSON lines. A signal stops the gateway in its shutdown order ([`Started::shutdown`]: the
 /// requests in flight are answered, streams included, later ones get a 503 or a refused
 /// connection), writes the episodes that finished meanwhile, and exits 0; a second signal
-/// exits at once (status 130).
+/// exits at once (status 130). `weight_roots` (`--weight-root`) add to `source.weight_roots`.
 pub fn serve(
     config_path: &Path,
     bind: Option<String>,
     checkpoint: Option<&Path>,
     model: Option<PathBuf>,
-    record: Option<PathBuf>,
+    record: Option<Record>,
     ui: bool,
+    weight_roots: Vec<PathBuf>,
 ) -> Result<()> {
     let mut config = PipelineConfig::load(config_path)?;
+    let model_given = model.is_some();
     if let Some(dir) = model {
         if !dir.join("config.json").is_file() {
             anyhow::bail!(
@@ -213,8 +236,14 @@ pub fn serve(
         config.model.path = Some(dir);
         config.model.scratch = None;
     }
+    let record = record.map(|r| r.open(&config.run.dir)).transpose()?;
     let policy_dir = checkpoint.map(setup::checkpoint_policy).transpose()?;
-    let gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
+    let mut gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
+    gateway_config.weight_roots.extend(weight_roots);
+    let roots = resolve_weight_roots(
+        &gateway_config,
+        config.model.path.as_deref().filter(|_| model_given),
+    )?;
     let tokenizer = match checkpoint {
         Some(_) => setup::run_tokenizer(&config, &config.run.dir)?,
         None => {
@@ -249,10 +278,10 @@ pub fn serve(
                 false,
                 &bind,
                 ui.then_some(config.run.dir.as_path()),
-                Some(policy.recipient()),
+                Some((policy.recipient(), roots)),
             )?;
             // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
-            let recording = Box::pin(record_episodes(&started, record.as_deref()));
+            let recording = Box::pin(record_episodes(&started, record.as_ref()));
             let mut signals = Signals::new();
             let first = match future::select(recording, Box::pin(signals.next())).await {
                 Either::Left((recorded, _)) => Err(recorded),
@@ -279,16 +308,85 @@ pub fn serve(
             let gateway = started.gateway.clone();
             started.shutdown().await;
             // The episodes that finished while the server stopped.
-            recorded.and_then(|()| append_finished(&gateway, record.as_deref()))
+            recorded.and_then(|()| append_finished(&gateway, record.as_ref()))
         }
         .await;
         (threads, served)
     })
 }
 
+/// `cairn serve --record PATH [--append]`.
+pub struct Record {
+    pub path: PathBuf,
+    /// Add to an existing file (else an existing file is refused).
+    pub append: bool,
+}
+
+impl Record {
+    /// Opens the file once, before serving, through [`Output::open_append`]: a new file, or an
+    /// existing regular one with `--append`; never a link, special file or a store of the run
+    /// in `run_dir`.
+    ///
+    /// [`Output::open_append`]: crate::output::Output::open_append
+    fn open(self, run_dir: &Path) -> Result<RecordFile> {
+        let file = crate::output::Output {
+            flag: "--record",
+            path: &self.path,
+            stores: &crate::output::run_stores(run_dir),
+            existing: if self.append {
+                crate::output::Existing::Append
+            } else {
+                crate::output::Existing::Refuse
+            },
+        }
+        .open_append()?;
+        Ok(RecordFile {
+            path: self.path,
+            file,
+        })
+    }
+}
+
+/// The `--record` file, open for the whole run.
+struct RecordFile {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+/// The directories `POST /update_weights_from_disk` may load from, symlinks resolved:
+/// `source.weight_roots` and `--weight-root`, or without them the directory holding `model` (`cairn serve --model
+/// DIR`: a trainer's `[rollout.engine]` writes each new version beside the first), else none.
+fn resolve_weight_roots(config: &GatewayConfig, model: Option<&Path>) -> Result<Vec<PathBuf>> {
+    if config.weight_roots.is_empty() {
+        let beside = model.and_then(|m| {
+            std::fs::canonicalize(m)
+                .ok()?
+                .parent()
+                .map(Path::to_path_buf)
+        });
+        return Ok(beside.into_iter().collect());
+    }
+    config
+        .weight_roots
+        .iter()
+        .map(|root| {
+            std::fs::canonicalize(root)
+                .ok()
+                .filter(|r| r.is_dir())
+                .with_context(|| {
+                    format!(
+                        "source.weight_roots / --weight-root: {} is not a directory; list \
+                         the directories `POST /update_weights_from_disk` may load from",
+                        root.display()
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Every 200 ms, appends the finished episodes to `record` as JSON lines (forever, or until
 /// a write fails).
-async fn record_episodes(started: &Started, record: Option<&Path>) -> Result<()> {
+async fn record_episodes(started: &Started, record: Option<&RecordFile>) -> Result<()> {
     loop {
         actix::clock::sleep(Duration::from_millis(200)).await;
         append_finished(&started.gateway, record)?;
@@ -297,8 +395,8 @@ async fn record_episodes(started: &Started, record: Option<&Path>) -> Result<()>
 
 /// Appends the episodes finished since the last call to `record` as JSON lines (nothing
 /// without `--record`).
-fn append_finished(gateway: &Gateway, record: Option<&Path>) -> Result<()> {
-    let Some(path) = record else { return Ok(()) };
+fn append_finished(gateway: &Gateway, record: Option<&RecordFile>) -> Result<()> {
+    let Some(record) = record else { return Ok(()) };
     let finished = gateway.store().lock().drain_ready();
     if finished.is_empty() {
         return Ok(());
@@ -311,12 +409,9 @@ fn append_finished(gateway: &Gateway, record: Option<&Path>) -> Result<()> {
         lines.push('\n');
     }
     use std::io::Write;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(lines.as_bytes()))
-        .with_context(|| format!("appending episodes to {}", path.display()))
+    (&record.file)
+        .write_all(lines.as_bytes())
+        .with_context(|| format!("appending episodes to {}", record.path.display()))
 }
 
 /// SIGINT (Ctrl-C) and SIGTERM, listened to from creation on: a signal that arrives while

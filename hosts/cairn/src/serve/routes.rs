@@ -1,18 +1,21 @@
 //! The gateway's HTTP routes (actix-web), thin over [`cairn_kernel::gateway::Gateway`].
 //!
-//! | route | what |
-//! |---|---|
-//! | `GET /v1/models` | the served model |
-//! | `POST /v1/chat/completions` | chat, non-streaming or SSE (`stream: true`) |
-//! | `POST /v1/completions` | text or token-id prompts, non-streaming or SSE |
-//! | `/episodes/{id}/v1/...` | the same three, recorded in episode `{id}` |
-//! | `POST /episodes` | open an episode: `{"task_id"?, "episode_id"?}` |
-//! | `POST /episodes/{id}/reward` | `{"reward", "success"?}`; closes the episode |
-//! | `POST /episodes/{id}/close` | close without a reward |
-//! | `GET /episodes/{id}` | calls, ids and segments of an episode |
-//! | `GET /health` | policy version and episode counters |
-//! | `POST /tokenize` | `{"prompt", "add_special_tokens"?}` → `{"tokens", "count", "max_model_len"}` |
-//! | `POST /update_weights_from_disk` | `{"model_path", "weight_version"}`: load a trainer's weights (`cairn serve` only; SGLang's route) |
+//! | route | key | what |
+//! |---|---|---|
+//! | `GET /v1/models` | API | the served model |
+//! | `POST /v1/chat/completions` | API | chat, non-streaming or SSE (`stream: true`) |
+//! | `POST /v1/completions` | API | text or token-id prompts, non-streaming or SSE |
+//! | `/episodes/{id}/v1/...` | API | the same three, recorded in episode `{id}` |
+//! | `POST /episodes` | control | open an episode: `{"task_id"?, "episode_id"?}` |
+//! | `POST /episodes/{id}/reward` | control | `{"reward", "success"?}`; closes the episode |
+//! | `POST /episodes/{id}/close` | control | close without a reward |
+//! | `GET /episodes/{id}` | control | calls, ids and segments of an episode |
+//! | `GET /health` | API | policy version and episode counters |
+//! | `POST /tokenize` | API | `{"prompt", "add_special_tokens"?}` → `{"tokens", "count", "max_model_len"}` |
+//! | `POST /update_weights_from_disk` | control | `{"model_path", "weight_version"}`: load a trainer's weights from under `weight_roots` (`cairn serve` only; SGLang's route) |
+//!
+//! The key column is what [`super::access::guard`] asks when keys are configured (the control
+//! key serves every route; [`super::access::tier`] decides).
 //!
 //! A call on `/v1/...` with an `X-Cairn-Episode` header belongs to that episode too;
 //! `X-Cairn-Anchor` gives the GiGPO anchor key of the turn (or `cairn.anchor` in the body).
@@ -28,8 +31,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use cairn_kernel::gateway::{ApiError, ApiErrorKind, Gateway, Route, WeightLoader};
 use futures::StreamExt;
 
-/// Largest request body, bytes.
-const BODY_LIMIT: usize = 32 << 20;
+use super::access::BODY_LIMIT;
 
 /// Registers every route on an app holding a `web::Data<Gateway>`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -202,6 +204,7 @@ async fn tokenize(payload: web::Payload, gw: web::Data<Gateway>) -> HttpResponse
 }
 
 async fn update_weights(
+    req: HttpRequest,
     payload: web::Payload,
     gw: web::Data<Gateway>,
     loader: Option<web::Data<WeightLoader>>,
@@ -214,7 +217,12 @@ async fn update_weights(
         ));
     };
     match read_body(payload).await {
-        Ok(body) => reply(gw.update_weights(&loader, &body).await),
+        Ok(body) => {
+            let client = req
+                .peer_addr()
+                .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+            reply(gw.update_weights(&loader, &body, &client).await)
+        }
         Err(e) => error(&e),
     }
 }

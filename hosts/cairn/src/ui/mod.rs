@@ -39,6 +39,8 @@ use actix_web::web;
 use anyhow::{Context, Result};
 use cairn_kernel::gateway::Gateway;
 
+use crate::serve::access;
+
 /// The dashboard's state: where the runs are, its path prefix, the gateway it sits beside.
 pub struct Dashboard {
     root: PathBuf,
@@ -98,11 +100,19 @@ pub fn configure(cfg: &mut web::ServiceConfig, dashboard: web::Data<Dashboard>) 
 }
 
 /// `cairn ui RUN_DIR`: serves the dashboard on `host:port` (port 0 picks a free one) until
-/// Ctrl-C, printing `dashboard: http://ADDR/` on stdout once the socket is bound.
+/// Ctrl-C, printing `dashboard: http://ADDR/` on stdout once the socket is bound. Requests pass
+/// the gateway's [`access::guard`]: `key` (if any) guards every page, `allowed_hosts` are the
+/// `Host` values served besides the bound address and the loopback names.
 ///
 /// Errors: RUN_DIR is not a directory, or holds no run directory (the message names it); the
-/// address cannot be bound.
-pub fn serve_dashboard(run_dir: &Path, host: &str, port: u16) -> Result<()> {
+/// address cannot be bound; it is not loopback and no key is given; the key cannot be read.
+pub fn serve_dashboard(
+    run_dir: &Path,
+    host: &str,
+    port: u16,
+    key: Option<access::KeySource>,
+    allowed_hosts: &[String],
+) -> Result<()> {
     let runs = runs::discover(run_dir)?;
     if runs.is_empty() {
         anyhow::bail!(
@@ -111,14 +121,29 @@ pub fn serve_dashboard(run_dir: &Path, host: &str, port: u16) -> Result<()> {
             run_dir.display()
         );
     }
-    let listener = TcpListener::bind((host, port))
+    // Refused before the socket opens when off loopback without a key.
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .with_context(|| format!("dashboard: resolving {host} (--host)"))?
+        .collect();
+    let access = access::Access::dashboard(key, allowed_hosts, &addrs)?;
+    let listener = TcpListener::bind(&addrs[..])
         .with_context(|| format!("dashboard: binding {host}:{port} (--host, --port)"))?;
     let addr = listener.local_addr()?;
+    let access = std::sync::Arc::new(access.serving_at(addr));
+    let on_connect = access.on_connect();
     let dashboard = web::Data::new(Dashboard::standalone(run_dir));
     actix_web::rt::System::new().block_on(async move {
         let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new().configure(|cfg| configure(cfg, dashboard.clone()))
+            let access = access.clone();
+            actix_web::App::new()
+                .configure(|cfg| configure(cfg, dashboard.clone()))
+                .wrap(actix_web::middleware::from_fn(
+                    move |req, next: actix_web::middleware::Next<actix_web::body::BoxBody>| {
+                        access::guard(access.clone(), req, next)
+                    },
+                ))
         })
+        .on_connect(on_connect)
         .workers(2)
         .listen(listener)
         .with_context(|| format!("dashboard: serving on {addr}"))?

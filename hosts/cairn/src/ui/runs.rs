@@ -30,8 +30,29 @@ pub fn is_run(dir: &Path) -> bool {
     dir.join(METRICS_FILE).is_file() || dir.join(CONFIG_FILE).is_file()
 }
 
+/// Whether `dir` and everything directly in it (the files the dashboard reads: metrics,
+/// evaluations, the config, the data pool, the bank, the tokenizer) resolve inside `root`
+/// (canonical). A run directory that is a symlink to elsewhere, or that holds one, would
+/// let the dashboard read files outside the directory it was given, so it is left out.
+/// Dangling links resolve nowhere and are not read either.
+fn stays_inside(root: &Path, dir: &Path) -> bool {
+    let inside = |p: &Path| p.canonicalize().is_ok_and(|real| real.starts_with(root));
+    if !inside(dir) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).all(|e| {
+        let path = e.path();
+        path.canonicalize().is_err() || inside(&path)
+    })
+}
+
 /// The runs under `root`: `root` itself when it is a run, else its run subdirectories and
-/// theirs (two levels, e.g. `runs/scaffolds/grpo-seed1`), sorted by name.
+/// theirs (two levels, e.g. `runs/scaffolds/grpo-seed1`), sorted by name. A run directory
+/// that resolves outside `root`, or holds an entry that does (a symlink), is not listed, and
+/// so not served.
 ///
 /// Errors: `root` is not a directory (the message names it).
 pub fn discover(root: &Path) -> Result<Vec<Run>> {
@@ -42,6 +63,8 @@ pub fn discover(root: &Path) -> Result<Vec<Run>> {
             root.display()
         );
     }
+    let real_root = root.canonicalize()?;
+    let is_run = |dir: &Path| is_run(dir) && stays_inside(&real_root, dir);
     if is_run(root) {
         let name = root
             .canonicalize()
@@ -238,5 +261,51 @@ mod tests {
         assert_eq!((one.len(), one[0].name.as_str()), (1, "a"));
         let err = discover(&root.join("nope")).unwrap_err().to_string();
         assert!(err.contains("nope: no such directory"), "{err}");
+    }
+
+    /// A run directory made under `parent` (with a `config.toml`).
+    fn run_dir(parent: &Path, name: &str) -> PathBuf {
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(CONFIG_FILE), "").unwrap();
+        std::fs::write(dir.join(METRICS_FILE), "{\"step\":1}\n").unwrap();
+        dir
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn runs_that_resolve_outside_the_root_are_not_listed() {
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().unwrap();
+        let secret = run_dir(outside.path(), "secret");
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        run_dir(root, "a");
+        // A run directory that is a link to one outside the root, directly and one level down.
+        symlink(&secret, root.join("linked")).unwrap();
+        std::fs::create_dir_all(root.join("group")).unwrap();
+        symlink(&secret, root.join("group/linked")).unwrap();
+        // A group directory that is a link outside.
+        symlink(outside.path(), root.join("elsewhere")).unwrap();
+        // A run inside whose metrics file is a link outside.
+        let leaky = run_dir(root, "leaky");
+        std::fs::remove_file(leaky.join(METRICS_FILE)).unwrap();
+        symlink(secret.join(METRICS_FILE), leaky.join(METRICS_FILE)).unwrap();
+        // A link that stays inside the root is fine, and so is a dangling one.
+        symlink(root.join("a"), root.join("alias")).unwrap();
+        let dangling = run_dir(root, "dangling");
+        symlink(outside.path().join("gone"), dangling.join("tokenizer")).unwrap();
+        let names: Vec<String> = discover(root)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["a", "alias", "dangling"]);
+        // The root itself may be a link: what counts is where it resolves.
+        let link_root = outside.path().join("root-link");
+        symlink(root, &link_root).unwrap();
+        assert_eq!(discover(&link_root).unwrap().len(), 3);
+        // A root that is itself a run with a leaking file is not served either.
+        assert!(discover(&leaky).unwrap().is_empty());
     }
 }

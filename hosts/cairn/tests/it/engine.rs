@@ -122,6 +122,9 @@ fn a_killed_engine_is_survived() {
             model.display().to_string(),
             "--bind".to_owned(),
             bind.to_owned(),
+            // The trainer writes its weights under its run directory (`<run>/engine`).
+            "--weight-root".to_owned(),
+            tmp.path().display().to_string(),
         ]
     };
     let a_args = args("127.0.0.1:0");

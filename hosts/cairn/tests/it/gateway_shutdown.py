@@ -29,6 +29,12 @@ def post(url, body):
         return json.load(response)
 
 
+def received(base_url):
+    """Requests the gateway's sampler has taken so far (`GET /health`)."""
+    with urllib.request.urlopen(base_url + "/health", timeout=60) as response:
+        return json.load(response)["sampling"]["requests_received"]
+
+
 def client_loop(base_url, index, max_tokens, started, outcomes):
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
     for k in range(1000):
@@ -72,6 +78,7 @@ def main():
         client.completions.create(model="cairn", prompt=f"late episode {g}", max_tokens=2)
         episodes.append(opened["episode_id"])
 
+    before = received(args.base_url)
     outcomes, threads = [], []
     for i in range(args.clients):
         started = threading.Event()
@@ -81,7 +88,11 @@ def main():
         t.start()
         started.wait(30)
         threads.append(t)
-    time.sleep(0.5)  # the requests reach the gateway: one generating, the others queued
+    # Post the rewards once every client's first request has reached the sampler (one
+    # generating, the others queued), bounded: the Rust test then finds no request waiting.
+    deadline = time.monotonic() + 60
+    while received(args.base_url) < before + args.clients and time.monotonic() < deadline:
+        time.sleep(0.01)
     for g, ep in enumerate(episodes):
         post(f"{args.base_url}/episodes/{ep}/reward", {"reward": float(g)})
     for t in threads:

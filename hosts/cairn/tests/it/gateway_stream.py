@@ -3,8 +3,9 @@
 With the official `openai` client's streaming API:
 
 1. stream chunks concatenate to the non-streaming answer of the same request (same seed):
-   text, `token_ids`, log-probs and finish reason of every choice, for chat with `n = 2` and
-   for completions with two prompts, `n = 2`, a stop string and the usage chunk;
+   text, `token_ids` and finish reason of every choice exactly, and log-probs within
+   `LOGPROB_BOUND`, for chat with `n = 2` and for completions with two prompts, `n = 2`, a stop
+   string and the usage chunk;
 2. concurrent streams in episodes (sampled in shared batches) are recorded with exactly the
    ids their chunks carried;
 3. tokens go out as they are sampled: a client reads the first content chunk of a long
@@ -26,6 +27,15 @@ import urllib.request
 import openai
 
 MODEL = "cairn"
+
+# Two requests sent one after the other need not share passes the same way: under continuous
+# batching a request can join a pass whose previous request is still ending, so its rows sit in
+# a batch of another shape. In f32 the sampled ids do not depend on the batch (docs/gateway.md),
+# but the log-probs may move in their last bits: on a loaded Zen 5, 2 of 24 differed by 9.5e-7
+# (-11.832870483 against -11.832869530, one f32 ulp at that magnitude); docs/gateway.md
+# measured up to 2.2e-5 on SmolLM2-135M. The bound is above both, and far below what a wrong
+# token or a shifted position would change.
+LOGPROB_BOUND = 1e-4
 
 
 def get(base, path):
@@ -51,6 +61,12 @@ def fail(message):
 def check(what, got, want):
     if got != want:
         fail(f"{what}: streamed {got!r}, not streamed {want!r}")
+
+
+def check_logprobs(what, got, want):
+    """Same length, each within LOGPROB_BOUND (see there for why not exactly equal)."""
+    if len(got) != len(want) or any(abs(a - b) > LOGPROB_BOUND for a, b in zip(got, want)):
+        fail(f"{what}: streamed {got!r}, not streamed {want!r} (bound {LOGPROB_BOUND})")
 
 
 def collect_chat(stream):
@@ -80,7 +96,7 @@ def chat_matches(client):
         s = streamed[c.index]
         check(f"chat choice {c.index} text", s["text"], c.message.content)
         check(f"chat choice {c.index} ids", s["ids"], extra(c, "token_ids"))
-        check(f"chat choice {c.index} logprobs", s["logprobs"],
+        check_logprobs(f"chat choice {c.index} logprobs", s["logprobs"],
               [t.logprob for t in c.logprobs.content])
         check(f"chat choice {c.index} finish", s["finish"], c.finish_reason)
     if streamed[0]["ids"] == streamed[1]["ids"]:
@@ -118,7 +134,8 @@ def completions_match(client):
         check(f"completion {c.index} text", s["text"], c.text)
         check(f"completion {c.index} ids", s["ids"], extra(c, "token_ids"))
         check(f"completion {c.index} prompt ids", s["prompt"], extra(c, "prompt_token_ids"))
-        check(f"completion {c.index} logprobs", s["logprobs"], c.logprobs.token_logprobs)
+        check_logprobs(f"completion {c.index} logprobs", s["logprobs"],
+                       c.logprobs.token_logprobs)
         check(f"completion {c.index} finish", s["finish"], c.finish_reason)
     if whole.choices[0].text != text[:text.find(stop)] or whole.choices[0].finish_reason != "stop":
         fail(f"the stop string {stop!r} did not cut {text!r}: {whole.choices[0]}")

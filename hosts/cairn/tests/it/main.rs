@@ -6,11 +6,14 @@
 
 mod bad_input;
 mod bank;
+mod check;
 mod engine;
 mod faults;
 mod gateway;
+mod gateway_auth;
 mod import;
 mod logprobs;
+mod outputs;
 mod pipeline;
 mod pool;
 mod resume;

@@ -31,7 +31,8 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> Attention {
+    /// Errors: libtorch cannot allocate a projection.
+    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> crate::error::Result<Attention> {
         let hidden = config.hidden_size as i64;
         let (h, kv, d) = (
             config.num_attention_heads as i64,
@@ -40,18 +41,25 @@ impl Attention {
         );
         let qkv_bias = config.qkv_bias();
         let qk_norm = config.qk_norm();
-        Attention {
-            q_proj: Linear::new(&vs / "q_proj", hidden, h * d, qkv_bias),
-            k_proj: Linear::new(&vs / "k_proj", hidden, kv * d, qkv_bias),
-            v_proj: Linear::new(&vs / "v_proj", hidden, kv * d, qkv_bias),
-            o_proj: Linear::new(&vs / "o_proj", h * d, hidden, config.o_bias()),
-            q_norm: qk_norm.then(|| RmsNorm::new(&vs / "q_norm", d, config.rms_norm_eps)),
-            k_norm: qk_norm.then(|| RmsNorm::new(&vs / "k_norm", d, config.rms_norm_eps)),
+        let norm = |name: &str| -> crate::error::Result<Option<RmsNorm>> {
+            if qk_norm {
+                Ok(Some(RmsNorm::new(&vs / name, d, config.rms_norm_eps)?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Attention {
+            q_proj: Linear::new(&vs / "q_proj", hidden, h * d, qkv_bias)?,
+            k_proj: Linear::new(&vs / "k_proj", hidden, kv * d, qkv_bias)?,
+            v_proj: Linear::new(&vs / "v_proj", hidden, kv * d, qkv_bias)?,
+            o_proj: Linear::new(&vs / "o_proj", h * d, hidden, config.o_bias())?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
             num_heads: h,
             num_kv_heads: kv,
             head_dim: d,
             scale: 1.0 / (d as f64).sqrt(),
-        }
+        })
     }
 
     /// `xs` `[B, T, hidden]`, `cos`/`sin` `[B, T, D]`, `mask` `[B, 1, T, S]` bool where

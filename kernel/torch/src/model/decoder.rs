@@ -39,15 +39,15 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(vs: nn::Path<'_>, config: &ModelConfig, index: usize) -> DecoderLayer {
+    fn new(vs: nn::Path<'_>, config: &ModelConfig, index: usize) -> Result<DecoderLayer> {
         let (h, eps) = (config.hidden_size as i64, config.rms_norm_eps);
-        DecoderLayer {
-            input_layernorm: RmsNorm::new(&vs / "input_layernorm", h, eps),
-            self_attn: Attention::new(&vs / "self_attn", config),
-            post_attention_layernorm: RmsNorm::new(&vs / "post_attention_layernorm", h, eps),
-            mlp: Mlp::new(&vs / "mlp", config),
+        Ok(DecoderLayer {
+            input_layernorm: RmsNorm::new(&vs / "input_layernorm", h, eps)?,
+            self_attn: Attention::new(&vs / "self_attn", config)?,
+            post_attention_layernorm: RmsNorm::new(&vs / "post_attention_layernorm", h, eps)?,
+            mlp: Mlp::new(&vs / "mlp", config)?,
             index,
-        }
+        })
     }
 
     /// `[B, T, hidden]` → `[B, T, hidden]`; see [`Attention::forward`] for the other arguments.
@@ -129,25 +129,33 @@ impl CausalLm {
     /// Builds the module tree with placeholder values (zeros; norms at one). Crate-private so
     /// that no caller can end up with a model whose parameters were never filled: the public
     /// constructors are [`CausalLm::random`] and [`CausalLm::from_pretrained`].
-    pub(crate) fn uninitialized(config: &ModelConfig, device: Device, dtype: Dtype) -> CausalLm {
+    ///
+    /// Errors: libtorch cannot allocate a parameter (sizes the device cannot hold), instead
+    /// of the panic of tch's non-`f_` constructors.
+    pub(crate) fn uninitialized(
+        config: &ModelConfig,
+        device: Device,
+        dtype: Dtype,
+    ) -> Result<CausalLm> {
         let mut vs = nn::VarStore::new(device);
         // Sets the kind of the variables created below (the store is empty).
         vs.set_kind(dtype.kind());
         let root = vs.root();
         let model = &root / "model";
         let (v, h) = (config.vocab_size as i64, config.hidden_size as i64);
-        let embed_tokens = (&model / "embed_tokens").var("weight", &[v, h], nn::Init::Const(0.0));
+        let embed_tokens =
+            (&model / "embed_tokens").f_var("weight", &[v, h], nn::Init::Const(0.0))?;
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::new(&model / "layers" / i, config, i))
-            .collect();
-        let norm = RmsNorm::new(&model / "norm", h, config.rms_norm_eps);
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(&model / "norm", h, config.rms_norm_eps)?;
         let lm_head = if config.tie_word_embeddings {
             Linear::from_weight(embed_tokens.shallow_clone())
         } else {
-            Linear::new(&root / "lm_head", h, v, false)
+            Linear::new(&root / "lm_head", h, v, false)?
         };
         let rotary = RotaryEmbedding::new(config, device);
-        CausalLm {
+        Ok(CausalLm {
             vs,
             config: config.clone(),
             dtype,
@@ -157,7 +165,7 @@ impl CausalLm {
             lm_head,
             rotary,
             packed: PackCache::default(),
-        }
+        })
     }
 
     /// A freshly initialised model, as transformers' `_init_weights` does it: linear and
@@ -170,7 +178,7 @@ impl CausalLm {
         seed: u64,
     ) -> Result<CausalLm> {
         config.validate(&super::config::inline_path())?;
-        let model = CausalLm::uninitialized(config, device, dtype);
+        let model = CausalLm::uninitialized(config, device, dtype)?;
         init_weights(&model.vs, config.initializer_range, seed)?;
         Ok(model)
     }
@@ -182,7 +190,7 @@ impl CausalLm {
     pub fn from_pretrained(dir: &Path, device: Device, dtype: Dtype) -> Result<CausalLm> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         crate::weights::check_tokenizer_fits(dir, &config)?;
-        let model = CausalLm::uninitialized(&config, device, dtype);
+        let model = CausalLm::uninitialized(&config, device, dtype)?;
         crate::weights::load_model_dir(&model, dir)?;
         Ok(model)
     }

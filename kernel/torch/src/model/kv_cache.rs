@@ -38,21 +38,22 @@ pub struct KvCache {
 
 impl KvCache {
     /// Allocates (zeroed) storage for `batch` sequences of up to `max_len` positions.
+    /// Errors: libtorch cannot allocate it (more rows or positions than the device holds).
     pub fn new(
         config: &ModelConfig,
         batch: usize,
         max_len: usize,
         kind: Kind,
         device: Device,
-    ) -> KvCache {
+    ) -> Result<KvCache> {
         let shape = [
             batch as i64,
             config.num_key_value_heads as i64,
             max_len as i64,
             config.head_dim as i64,
         ];
-        KvCache {
-            layers: Self::storage(config.num_hidden_layers, shape, kind, device),
+        Ok(KvCache {
+            layers: Self::storage(config.num_hidden_layers, shape, kind, device)?,
             len: 0,
             max_len: max_len as i64,
             rows: batch as i64,
@@ -60,21 +61,22 @@ impl KvCache {
             shape,
             kind,
             device,
-        }
+        })
     }
 
+    /// Zeroed key and value tensors of `shape` for each of `layers` layers.
     fn storage(
         layers: usize,
         shape: [i64; 4],
         kind: Kind,
         device: Device,
-    ) -> Vec<(Tensor, Tensor)> {
+    ) -> Result<Vec<(Tensor, Tensor)>> {
         (0..layers)
             .map(|_| {
-                (
-                    Tensor::zeros(shape, (kind, device)),
-                    Tensor::zeros(shape, (kind, device)),
-                )
+                Ok((
+                    Tensor::f_zeros(shape, (kind, device))?,
+                    Tensor::f_zeros(shape, (kind, device))?,
+                ))
             })
             .collect()
     }
@@ -177,7 +179,7 @@ impl KvCache {
             ));
         }
         let shape = [capacity, self.shape[1], max_len, self.shape[3]];
-        let mut layers = Self::storage(self.layers.len(), shape, self.kind, self.device);
+        let mut layers = Self::storage(self.layers.len(), shape, self.kind, self.device)?;
         for ((k, v), (nk, nv)) in self.layers.iter().zip(&mut layers) {
             for (old, new) in [(k, nk), (v, nv)] {
                 let from = old.narrow(0, 0, self.rows).narrow(2, drop, kept);

@@ -5,6 +5,8 @@
 
 use tch::{nn, Tensor};
 
+use crate::error::Result;
+
 /// `y = x Wᵀ + b`.
 #[derive(Debug)]
 pub struct Linear {
@@ -17,10 +19,15 @@ pub struct Linear {
 impl Linear {
     /// Creates `<vs>.weight` `[out_dim, in_dim]` (and `<vs>.bias` `[out_dim]` when `bias`).
     /// Values are placeholders until [`crate::model::init`] or a weight loader fills them.
-    pub fn new(vs: nn::Path<'_>, in_dim: i64, out_dim: i64, bias: bool) -> Linear {
-        let weight = vs.var("weight", &[out_dim, in_dim], nn::Init::Const(0.0));
-        let bias = bias.then(|| vs.var("bias", &[out_dim], nn::Init::Const(0.0)));
-        Linear { weight, bias }
+    /// Errors: libtorch cannot allocate the weight (a size the device cannot hold).
+    pub fn new(vs: nn::Path<'_>, in_dim: i64, out_dim: i64, bias: bool) -> Result<Linear> {
+        let weight = vs.f_var("weight", &[out_dim, in_dim], nn::Init::Const(0.0))?;
+        let bias = if bias {
+            Some(vs.f_var("bias", &[out_dim], nn::Init::Const(0.0))?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
     }
 
     /// Wraps an existing weight (tied embeddings), without a bias.

@@ -15,14 +15,15 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> Mlp {
+    /// Errors: libtorch cannot allocate a projection.
+    pub fn new(vs: nn::Path<'_>, config: &ModelConfig) -> crate::error::Result<Mlp> {
         let (h, i) = (config.hidden_size as i64, config.intermediate_size as i64);
         let bias = config.mlp_bias();
-        Mlp {
-            gate_proj: Linear::new(&vs / "gate_proj", h, i, bias),
-            up_proj: Linear::new(&vs / "up_proj", h, i, bias),
-            down_proj: Linear::new(&vs / "down_proj", i, h, bias),
-        }
+        Ok(Mlp {
+            gate_proj: Linear::new(&vs / "gate_proj", h, i, bias)?,
+            up_proj: Linear::new(&vs / "up_proj", h, i, bias)?,
+            down_proj: Linear::new(&vs / "down_proj", i, h, bias)?,
+        })
     }
 
     /// `[B, T, hidden]` → `[B, T, hidden]`.

@@ -2,6 +2,8 @@
 
 use tch::{nn, Kind, Tensor};
 
+use crate::error::Result;
+
 /// Root-mean-square norm over the last dimension with a learned scale `weight` `[D]`.
 ///
 /// Numerics match transformers exactly: the input is cast to f32, normalised there, cast back
@@ -14,12 +16,12 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Creates `<vs>.weight` of size `[dim]`.
-    pub fn new(vs: nn::Path<'_>, dim: i64, eps: f64) -> RmsNorm {
-        RmsNorm {
-            weight: vs.var("weight", &[dim], nn::Init::Const(1.0)),
+    /// Creates `<vs>.weight` of size `[dim]`. Errors: libtorch cannot allocate it.
+    pub fn new(vs: nn::Path<'_>, dim: i64, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: vs.f_var("weight", &[dim], nn::Init::Const(1.0))?,
             eps,
-        }
+        })
     }
 
     /// `[.., D]` → `[.., D]`, same dtype as `xs`.
@@ -56,7 +58,7 @@ mod tests {
         let _guard = tch::no_grad_guard();
         for kind in [Kind::Float, Kind::BFloat16] {
             let mut vs = nn::VarStore::new(Device::Cpu);
-            let norm = RmsNorm::new(vs.root(), 64, 1e-6);
+            let norm = RmsNorm::new(vs.root(), 64, 1e-6).unwrap();
             vs.set_kind(kind);
             let mut weight = norm.weight.shallow_clone();
             weight.copy_(&(Tensor::randn([64], (Kind::Float, Device::Cpu)) + 1.0));
@@ -70,7 +72,7 @@ mod tests {
     #[test]
     fn normalises_rows_to_unit_rms() {
         let vs = nn::VarStore::new(Device::Cpu);
-        let norm = RmsNorm::new(vs.root(), 4, 1e-6);
+        let norm = RmsNorm::new(vs.root(), 4, 1e-6).unwrap();
         let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0, -4.0, 0.5, 0.5, 0.5, 0.5]).view([2, 4]);
         let y = norm.forward(&x);
         let rms = y.pow_tensor_scalar(2).mean_dim(-1, false, Kind::Float);

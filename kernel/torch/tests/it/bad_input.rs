@@ -99,6 +99,30 @@ fn missing_tensors_are_all_listed_never_left_random() {
     );
 }
 
+/// Issue 32 finding 7: a `model.safetensors` that is not one (here a symlink to a copy of
+/// `/etc/passwd`, as a client of `POST /update_weights_from_disk` could name) is refused
+/// without its first 8 bytes in the message: they used to be printed as the "header length".
+#[test]
+fn a_file_that_is_not_safetensors_is_refused_without_showing_its_bytes() {
+    let (tmp, dir) = copy_fixture("qwen3");
+    let secret = tmp.path().join("passwd");
+    std::fs::write(&secret, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let file = dir.join("model.safetensors");
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&secret, &file).unwrap();
+    let err = load_error(&dir);
+    assert_eq!(
+        err,
+        format!(
+            "{}: its first 8 bytes do not give a plausible header length (over 100 MB); not a \
+             safetensors file",
+            file.display()
+        )
+    );
+    let leaked = u64::from_le_bytes(*b"root:x:0").to_string();
+    assert!(!err.contains(&leaked) && !err.contains("root:x"), "{err}");
+}
+
 #[test]
 fn wrong_shapes_are_all_listed_with_expected_and_found() {
     let (_tmp, dir) = copy_fixture("qwen3");
@@ -255,4 +279,18 @@ fn a_tokenizer_id_equal_to_the_row_count_is_refused_and_one_below_passes_the_che
         err.starts_with("1 tensor(s) with the wrong shape: `model.embed_tokens.weight`"),
         "{err}"
     );
+}
+
+/// A model larger than any machine is an error from the constructor (tch's `f_` functions),
+/// not a panic inside tch: `cairn train` reports it instead of exiting with a backtrace.
+#[test]
+fn a_model_too_large_to_allocate_is_an_error_not_a_panic() {
+    // 8 × 2⁴⁰ f32 values: 32 TiB for the embedding alone.
+    let config = cairn_torch::ModelConfig::qwen3(8, 1 << 40, 2, 1, 2, 1);
+    let e = CausalLm::random(&config, Device::Cpu, Dtype::F32, 1).unwrap_err();
+    assert!(e.to_string().contains("allocate"), "{e}");
+    let kv = cairn_torch::ModelConfig::qwen3(8, 16, 32, 1, 2, 1);
+    let e = cairn_torch::KvCache::new(&kv, 1 << 30, 1 << 10, tch::Kind::Float, Device::Cpu)
+        .unwrap_err();
+    assert!(e.to_string().contains("allocate"), "{e}");
 }

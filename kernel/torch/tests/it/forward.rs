@@ -58,7 +58,8 @@ fn cached_logprobs_in_grad_mode(
         (width + n) as usize,
         model.dtype().kind(),
         device,
-    );
+    )
+    .unwrap();
     let hidden = model
         .hidden_states_with(
             &Tensor::from_slice(&ids).view([b, width]).to_device(device),
@@ -294,7 +295,7 @@ fn assert_close(plain: &[Tensor], packed: &[Tensor], what: &str) {
 fn kv_cache_overflow_is_an_error() {
     let backend = backend(1);
     let model = backend.policy();
-    let mut cache = KvCache::new(model.config(), 1, 2, Kind::Float, Device::Cpu);
+    let mut cache = KvCache::new(model.config(), 1, 2, Kind::Float, Device::Cpu).unwrap();
     let ids = Tensor::from_slice(&[5i64, 6, 7]).view([1, 3]);
     let pos = Tensor::arange(3, (Kind::Int64, Device::Cpu)).view([1, 3]);
     let valid = Tensor::ones([1, 3], (Kind::Bool, Device::Cpu));
@@ -407,6 +408,7 @@ fn the_one_row_step_follows_the_libtorch_step() {
                 Kind::BFloat16,
                 Device::Cpu,
             )
+            .unwrap()
         };
         let (mut torch_cache, mut row_cache) = (new_cache(), new_cache());
         let _ = prefill(&mut torch_cache);
@@ -459,17 +461,17 @@ fn the_one_row_step_declines_what_it_does_not_cover() {
     let _guard = tch::no_grad_guard();
     let valid = Tensor::ones([1, 1], (Kind::Bool, Device::Cpu));
     let bf16 = CausalLm::random(&tiny_config(), Device::Cpu, Dtype::Bf16, 5).unwrap();
-    let mut two_rows = KvCache::new(bf16.config(), 2, 4, Kind::BFloat16, Device::Cpu);
+    let mut two_rows = KvCache::new(bf16.config(), 2, 4, Kind::BFloat16, Device::Cpu).unwrap();
     assert!(bf16
         .decode_row(5, 0, &valid, &mut two_rows)
         .unwrap()
         .is_none());
     assert_eq!(two_rows.len(), 0);
     let f32 = CausalLm::random(&tiny_config(), Device::Cpu, Dtype::F32, 5).unwrap();
-    let mut cache = KvCache::new(f32.config(), 1, 4, Kind::Float, Device::Cpu);
+    let mut cache = KvCache::new(f32.config(), 1, 4, Kind::Float, Device::Cpu).unwrap();
     assert!(f32.decode_row(5, 0, &valid, &mut cache).unwrap().is_none());
     assert_eq!(cache.len(), 0);
-    let mut cache = KvCache::new(bf16.config(), 1, 4, Kind::BFloat16, Device::Cpu);
+    let mut cache = KvCache::new(bf16.config(), 1, 4, Kind::BFloat16, Device::Cpu).unwrap();
     let err = bf16.decode_row(64, 0, &valid, &mut cache).unwrap_err();
     assert!(
         err.to_string().contains("outside the vocabulary of 64"),
