@@ -54,7 +54,10 @@ fn child(run: &Path) -> ! {
     bank.put(&entries(&["third lesson"]), &at).unwrap();
     bank.retire(&[1]).unwrap();
     let expected = serde_json::to_string(&listing(&bank)).unwrap();
-    std::fs::write(run.join("at-kill.json"), expected).unwrap();
+    // Written whole, then renamed: the parent kills as soon as the name exists, and a file
+    // still being written would read as empty (it did, once, in a loaded CI run).
+    std::fs::write(run.join("at-kill.json.part"), expected).unwrap();
+    std::fs::rename(run.join("at-kill.json.part"), run.join("at-kill.json")).unwrap();
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -551,3 +551,59 @@ fn gateway_config_errors_name_the_key() {
     let err = crate::stderr(&out);
     assert!(err.contains("source.episode_timeout_s"), "{err}");
 }
+
+/// A training gateway whose clients never pause still trains: with clients always sending,
+/// the policy's generation pass never ends by itself, and the step's policy calls (its
+/// version, the scoring, the update) used to wait behind it for as long as the load lasted
+/// (the soak benchmark's trainer took 1 step in 40 s, and that one only at SIGINT). Sampling
+/// now pauses for the whole step, so RL steps land while the load goes on. Sixteen clients:
+/// with four, the pass still ended now and then between requests and the old code crept on;
+/// with sixteen it trained 0 steps in 240 s, and now trains 2 in a few seconds.
+#[test]
+fn a_training_gateway_trains_while_clients_keep_sampling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let text = gateway_config(&run, 1000, "").replace("tasks_per_step = 3", "tasks_per_step = 2");
+    let cfg = write_config(tmp.path(), "train.toml", &text);
+    let gateway = Gateway::start(&["train", cfg.to_str().unwrap()]);
+    // Sixteen clients, each playing episodes back to back for up to 300 s (killed below).
+    let script = repo().join("examples/gateway/load.py");
+    let mut load = Command::new(python())
+        .args([
+            script.to_str().unwrap(),
+            "--base-url",
+            &gateway.url,
+            "--clients",
+            "16",
+            "--episodes",
+            "100000",
+            "--time-limit",
+            "300",
+        ])
+        .current_dir(repo())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run python");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let metrics = run.join("metrics.jsonl");
+    let steps = loop {
+        let steps = std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count());
+        let still_loading = load.try_wait().unwrap().is_none();
+        if steps >= 2 || !still_loading || Instant::now() > deadline {
+            break (steps, still_loading);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(
+        steps.1,
+        "the load ended before two RL steps: the steps did not run under load"
+    );
+    assert!(
+        steps.0 >= 2,
+        "{} RL steps in 240 s under a constant load: the trainer is starved",
+        steps.0
+    );
+}
