@@ -225,6 +225,10 @@ def main():
     cfg = Path(tmp.name) / "soak.toml"
     cfg.write_text(config(run, ROOT / "kernel/fixtures/text/qwen3", args))
     # With --run-dir the trainer's log is kept beside the run.
+    if args.run_dir:
+        if run.exists():
+            p.error(f"--run-dir {run}: already exists; give a new path (a soak starts a run)")
+        run.parent.mkdir(parents=True, exist_ok=True)
     log = open((run.parent if args.run_dir else Path(tmp.name)) / "soak-train.log", "w+")
     trainer = subprocess.Popen([args.cairn, "train", str(cfg)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True,
