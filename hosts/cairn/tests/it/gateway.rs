@@ -46,7 +46,7 @@ fn python() -> PathBuf {
     python
 }
 
-fn gateway_config(run: &Path, steps: u64, extra_source: &str) -> String {
+pub(crate) fn gateway_config(run: &Path, steps: u64, extra_source: &str) -> String {
     let tokenizer = repo().join("kernel/fixtures/text/qwen3");
     format!(
         r#"[run]

@@ -19,52 +19,14 @@ use crate::write_config;
 const API_KEY: &str = "api-key-0123456789abcdef";
 const CONTROL_KEY: &str = "control-key-0123456789abcdef";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A `cairn serve` config on a 1-layer scratch model, `extra` added to `[source]`.
+/// A `cairn serve` config on a 1-layer scratch model, `extra` added to `[source]`: the gateway
+/// tests' config with one task per step and short, two-turn answers.
 fn config(run: &Path, extra: &str) -> String {
-    let tokenizer = repo().join("kernel/fixtures/text/qwen3");
-    format!(
-        r#"[run]
-dir = "{run}"
-seed = 5
-steps = 1
-
-[source]
-kind = "gateway"
-bind = "127.0.0.1:0"
-{extra}
-
-[algorithm]
-plugin = "grpo"
-
-[model]
-device = "cpu"
-threads = 1
-
-[model.scratch]
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-tokenizer = "{tokenizer}"
-
-[rollout]
-tasks_per_step = 1
-group_size = 2
-temperature = 1.0
-max_new_tokens = 4
-max_turns = 2
-
-[optimizer]
-lr = 1e-3
-"#,
-        run = run.display(),
-        tokenizer = tokenizer.display()
-    )
+    crate::gateway::gateway_config(run, 1, extra)
+        .replace("tasks_per_step = 3", "tasks_per_step = 1")
+        .replace("temperature = 0.7", "temperature = 1.0")
+        .replace("max_new_tokens = 8", "max_new_tokens = 4")
+        .replace("max_turns = 4", "max_turns = 2")
 }
 
 /// A running `cairn` server: its address (`host:port`) and its stderr lines as they come.
