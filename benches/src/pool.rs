@@ -1,10 +1,9 @@
 //! `cairn-bench pool`: what the data pool costs and how fast it answers.
 //!
 //! 1. **Write cost and size, from a real run** (`--run RUN_DIR`, a run `cairn train` wrote):
-//!    the run's own `pool/write_time_s` (the optimizer's `RecordStep` round trip, measured in
-//!    every step) against its `step_time_s`; then every training step of its pool is read back
-//!    and written again into a scratch pool with [`Pool::record_step`], timed (the same
-//!    transaction without the actor hop). Size: the run's `pool.sqlite` (and WAL) per RL step;
+//!    every training step of its pool is read back and written again into a scratch pool with
+//!    [`Pool::record_step`], timed (the transaction the pool actor runs for each step, off the
+//!    step's path since the optimizer sends it), against the run's median `step_time_s`. Size: the run's `pool.sqlite` (and WAL) per RL step;
 //!    the scratch pool's, which holds the training steps only (no evaluations), per RL step;
 //!    and what the prompts would take without the shared-prefix delta.
 //! 2. **Queries over `--rows` synthetic turn rows** (default 10⁶: 64 episodes of 8 turns per
@@ -62,11 +61,10 @@ pub fn run(args: &PoolArgs) -> Result<()> {
     // 1. The run's own measurements.
     let metrics = std::fs::read_to_string(args.run.join("metrics.jsonl"))
         .with_context(|| format!("reading {}/metrics.jsonl", args.run.display()))?;
-    let (mut write, mut step) = (Vec::new(), Vec::new());
+    let mut step = Vec::new();
     for line in metrics.lines() {
         let v: Value = serde_json::from_str(line)?;
-        if let (Some(w), Some(s)) = (v["pool/write_time_s"].as_f64(), v["step_time_s"].as_f64()) {
-            write.push(w);
+        if let (Some("rl"), Some(s)) = (v["phase"].as_str(), v["step_time_s"].as_f64()) {
             step.push(s);
         }
     }
@@ -80,10 +78,9 @@ pub fn run(args: &PoolArgs) -> Result<()> {
     out.insert("run_rl_steps".into(), json!(summaries.len()));
     out.insert("run_episodes".into(), json!(episodes));
     out.insert("run_turns".into(), json!(turns));
-    if let (Some(w), Some(s)) = (median(&write), median(&step)) {
-        out.insert("in_run_write_median_s".into(), json!(w));
+    let step_median = median(&step);
+    if let Some(s) = step_median {
         out.insert("in_run_step_median_s".into(), json!(s));
-        out.insert("in_run_write_fraction".into(), json!(w / (s + w)));
     }
     let bytes = pool_bytes(&args.run);
     out.insert("run_pool_bytes".into(), json!(bytes));
@@ -147,7 +144,11 @@ pub fn run(args: &PoolArgs) -> Result<()> {
         pool.record_step(&write)?;
         secs.push(t.elapsed().as_secs_f64());
     }
-    out.insert("rewrite_step_median_s".into(), json!(median(&secs)));
+    let rewrite = median(&secs);
+    out.insert("rewrite_step_median_s".into(), json!(rewrite));
+    if let (Some(w), Some(s)) = (rewrite, step_median) {
+        out.insert("write_fraction_of_step".into(), json!(w / s));
+    }
     out.insert("prompt_bytes_full".into(), json!(full_prompt_bytes));
     out.insert("prompt_bytes_delta".into(), json!(delta_prompt_bytes));
     drop(pool);

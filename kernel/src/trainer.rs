@@ -3,11 +3,10 @@
 //! 1. **Resume** from the run directory's last checkpoint, if any.
 //! 2. **Warm start** (optional): expert demonstrations on training tasks, supervised epochs,
 //!    then a held-out evaluation (`after_warm_start`).
-//! 3. **RL**: the rollout producer plays step after step (rollout → reward → bank → bounded
-//!    queue), at most `rollout.max_staleness` policy versions ahead; the optimizer actor takes
-//!    each batch off the queue and trains it (scoring, signals with resampling, update,
-//!    `observe`). The driver only starts them and writes what each step reports:
-//!    `metrics.jsonl`, checkpoints, evaluations.
+//! 3. **RL**: each step flows producer → reward → optimizer ([`crate::actors::flow`]), with
+//!    rollouts at most `rollout.max_staleness` policy versions ahead. The driver carries no
+//!    rows: it hands out the credits ([`Produce`], [`Proceed`]) and writes what each step
+//!    reports: `metrics.jsonl`, checkpoints, evaluations.
 //! 4. A final held-out evaluation (`after_rl`).
 //!
 //! Held-out (test-split) tasks are only ever played by evaluations, never trained on. The host
@@ -23,14 +22,13 @@ use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
 use crate::actors::bank::{CheckpointBank, ResetBank, RestoreBank};
-use crate::actors::optimizer::{AttachFeed, Feed, SupervisedStep, TrainNext};
+use crate::actors::flow::{Proceed, Produce, StartRl, StepDone};
+use crate::actors::optimizer::SupervisedStep;
 use crate::actors::policy::{
     ConfigureOptimizer, ExportModel, LoadCheckpoint, RetainVersions, SaveCheckpoint,
     SnapshotReference,
 };
-use crate::actors::rollout::{
-    CollectDemonstrations, EvalReport, Evaluate, RunRollouts, StalenessGate,
-};
+use crate::actors::rollout::{CollectDemonstrations, EvalReport, Evaluate};
 use crate::actors::Pipeline;
 use crate::backend::{OptimizerSettings, Sequence};
 use crate::config::PipelineConfig;
@@ -462,56 +460,42 @@ impl Trainer<'_> {
         let k = self.config.rollout.max_staleness;
         let lag = k / self.config.optimizer.updates_per_batch.max(1) as u64;
         ask(&self.pipeline.policy, RetainVersions(k as usize + 1)).await??;
-        let gate = Arc::new(StalenessGate::new(lag, state.rl_steps));
         let next_group_id = Arc::new(std::sync::atomic::AtomicU64::new(state.next_group_id));
-        let producer = if self.pipeline.gateway.is_none() {
-            let (tx, rx) = crossbeam::channel::bounded(lag.max(1) as usize);
-            ask(&self.pipeline.optimizer, AttachFeed(Feed::Queue(rx))).await?;
-            Some(self.pipeline.producer.send(RunRollouts {
-                steps: state.rl_steps..steps,
-                gate: gate.clone(),
+        let (reports_tx, mut reports) = futures::channel::mpsc::unbounded();
+        ask(
+            &self.pipeline.optimizer,
+            StartRl {
+                first: state.rl_steps,
+                end: steps,
+                lag,
+                global_step: state.global_step + 1,
                 next_group_id: next_group_id.clone(),
-                queue: tx,
-            }))
-        } else {
-            None
-        };
-        let result = self
-            .train_steps(state, summary, &gate, &next_group_id)
-            .await;
-        gate.close();
-        if let Some(producer) = producer {
-            // The producer has stopped (every step produced, or the gate closed): a failure
-            // of its own was already reported through the queue.
-            let produced = producer.await.map_err(Error::from)?;
-            if result.is_ok() {
-                produced?;
-            }
+                reports: reports_tx,
+            },
+        )
+        .await?;
+        // The producer's first credits: steps `first ..= first + lag`.
+        for step in state.rl_steps..(state.rl_steps + lag + 1).min(steps) {
+            self.pipeline.produce.do_send(Produce {
+                step,
+                next_group_id: next_group_id.clone(),
+            });
         }
-        result?;
-        self.emit(Event::PhaseFinished);
-        Ok(())
-    }
-
-    async fn train_steps(
-        &mut self,
-        state: &mut TrainerState,
-        summary: &mut Summary,
-        gate: &StalenessGate,
-        next_group_id: &Arc<std::sync::atomic::AtomicU64>,
-    ) -> Result<()> {
-        let steps = self.config.run.steps;
         while state.rl_steps < steps {
-            let outcome = match ask(
-                &self.pipeline.optimizer,
-                TrainNext {
-                    step: state.rl_steps,
-                    next_group_id: next_group_id.clone(),
-                    global_step: state.global_step + 1,
-                },
-            )
-            .await?
-            {
+            let Some(StepDone { step, outcome }) = futures::StreamExt::next(&mut reports).await
+            else {
+                return Err(Error::Other(format!(
+                    "the optimizer actor stopped before RL step {}; see its error above",
+                    state.rl_steps
+                )));
+            };
+            if step != state.rl_steps {
+                return Err(Error::Other(format!(
+                    "the optimizer reported RL step {step} while step {} was due",
+                    state.rl_steps
+                )));
+            }
+            let outcome = match outcome {
                 Ok(outcome) => outcome,
                 Err(e @ Error::Signals { .. }) => {
                     return Err(self.stop_after_signals(state, e).await)
@@ -569,11 +553,21 @@ impl Trainer<'_> {
                 }
                 return Err(self.interrupted(reason, state));
             }
-            // Only now may the producer start step `rl_steps + lag`: at k = 0 the next
-            // rollout sees this step's update, checkpoint and evaluation, as in synchronous
-            // training.
-            gate.advance(state.rl_steps);
+            // Only now the next credits: at k = 0 the next rollout sees this step's update,
+            // checkpoint and evaluation, as in synchronous training.
+            let produce = state.rl_steps + lag;
+            if produce < steps {
+                self.pipeline.produce.do_send(Produce {
+                    step: produce,
+                    next_group_id: next_group_id.clone(),
+                });
+            }
+            self.pipeline.optimizer.do_send(Proceed {
+                step: state.rl_steps,
+            });
         }
+        ask(&self.pipeline.pool, crate::actors::pool::Flush).await??;
+        self.emit(Event::PhaseFinished);
         Ok(())
     }
 
@@ -710,6 +704,8 @@ impl Trainer<'_> {
     /// directory into place. A failure at any point (a full disk) leaves `latest` on the
     /// previous checkpoint.
     async fn checkpoint(&mut self, state: &TrainerState) -> Result<()> {
+        // Every step the checkpoint covers is in the data pool first.
+        ask(&self.pipeline.pool, crate::actors::pool::Flush).await??;
         let dir = self.run.staging_dir(state.global_step);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;

@@ -2,8 +2,8 @@
 # The actor pipeline on the household default (`examples/household-grpo.toml`): sync (k = 0)
 # against async (`rollout.max_staleness = 1`), rollout log-prob reuse
 # (`optimizer.reuse_rollout_logprobs = true`), and the bank actor's checkpoint snapshot
-# (`cairn-bench bank-actor`). Every variant writes the data pool (its cost is each step's
-# `pool/write_time_s`; scripts/bench/pool.sh measures it). See BENCHMARKS.md, "The actor
+# (`cairn-bench bank-actor`). Every variant writes the data pool (sent by the optimizer, off
+# the step's path; scripts/bench/pool.sh measures the write). See BENCHMARKS.md, "The actor
 # pipeline".
 #
 #   scripts/bench/pipeline.sh                      # 3 variants x 2 rounds of 20 steps (~26 min, 2 cores)

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The data pool's costs on the default job (examples/household-grpo.toml): a short run of it
-# (its RL steps write the pool as `cairn train` always does), then `cairn-bench pool` reads
-# the run's own per-step `pool/write_time_s` against `step_time_s`, rewrites its steps into a
-# scratch pool (timed), reports the pool's size per 1,000 RL steps (extrapolated linearly from
+# (its RL steps write the pool as `cairn train` always does), then `cairn-bench pool`
+# rewrites its steps into a scratch pool (timed, against the run's median `step_time_s`), reports the pool's size per 1,000 RL steps (extrapolated linearly from
 # the short run: each step writes the same kind of rows), and times queries over 10^6
 # synthetic turn rows. See docs/pool.md; results: OUT/pool.json.
 #

@@ -3,27 +3,33 @@
 //! | actor | runs on | does |
 //! |---|---|---|
 //! | [`policy::PolicyActor`] | `SyncArbiter` (1 thread) | owns the backend: sample, score, train, checkpoint |
-//! | [`rollout::RolloutActor`] ×2 | `SyncArbiter` each | the producer plays the RL steps onto the bounded queue ([`rollout::RunRollouts`]); the other serves evaluations, demonstrations and resample rounds |
-//! | [`reward::RewardActor`] | async arbiter | final rewards and shaping |
+//! | [`rollout::RolloutActor`] ×2 | `SyncArbiter` each | the producer plays one RL step per [`flow::Produce`] and forwards it to the reward actor; the other serves evaluations, demonstrations and resample rounds |
+//! | [`pull::PullSource`] (with the gateway) | async arbiter | the producer's place: asks the gateway's episode source for each step's groups and forwards them |
+//! | [`reward::RewardActor`] | async arbiter | final rewards and shaping; forwards each step to the optimizer |
 //! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint |
 //! | [`pool::DataPoolActor`] | `SyncArbiter` (1 thread) | the data pool (SQLite): one transaction per RL step, evaluations, curated exclusions, truncation on resume |
 //! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
-//! | [`optimizer::OptimizerActor`] | `SyncArbiter` | takes each step off the queue: staleness, ℓ_old / ℓ_ref, signals and resampling, objective, update, `observe` |
+//! | [`optimizer::OptimizerActor`] | `SyncArbiter` | trains the forwarded steps in order: prepare (staleness, ℓ_old / ℓ_ref), signals and resampling, update, `observe`, record; reports each step to the trainer |
 //! | [`crate::engine::EngineActor`] (with `[rollout.engine]`) | `SyncArbiter` | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
 //!
 //! [`host::KernelHost`] is the plugins' [`cairn_plugin_sdk::Host`]: messages to the policy, the
 //! bank and the skill creator, made from the rollout and optimizer threads.
 //!
-//! Actors hold `Recipient`s of their peers' messages; only [`start`] names concrete actor
-//! types. Messages carry plain data (ids, `f32` arrays, rows), never tensors.
+//! An RL step flows producer → reward → optimizer, each stage forwarding to the next
+//! ([`flow`] has the messages and the rules that keep it bounded and deterministic); the
+//! trainer hands out credits and receives step reports. Actors hold `Recipient`s of their
+//! peers' messages; only [`start`] and [`Pipeline::attach_gateway`] name concrete actor types.
+//! Messages carry plain data (ids, `f32` arrays, rows), never tensors.
 //! `SyncArbiter` actors start through [`threads::SyncThreads`], so the host can wait for their
 //! threads (the policy's runs libtorch) before the process exits.
 
 pub mod bank;
+pub mod flow;
 pub mod host;
 pub mod optimizer;
 pub mod policy;
 pub mod pool;
+pub mod pull;
 pub mod reward;
 pub mod rollout;
 pub mod skills;
@@ -44,8 +50,11 @@ pub struct Pipeline {
     pub policy: Addr<policy::PolicyActor>,
     /// Serves evaluations, demonstrations and the optimizer's resample rounds.
     pub rollout: Addr<rollout::RolloutActor>,
-    /// Plays the RL steps onto the optimizer's queue ([`rollout::RunRollouts`]).
+    /// Plays the RL steps ([`flow::Produce`]) and forwards them to the reward actor.
     pub producer: Addr<rollout::RolloutActor>,
+    /// Where the trainer sends [`flow::Produce`]: the producer, or with the gateway its
+    /// [`pull::PullSource`].
+    pub produce: Recipient<flow::Produce>,
     pub reward: Addr<reward::RewardActor>,
     pub bank: Addr<bank::ExperienceBankActor>,
     /// The data pool: the optimizer writes every step, the trainer the evaluations.
@@ -64,13 +73,21 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Trains on a gateway's episodes instead of the rollout producer's.
-    pub fn attach_gateway(&mut self, link: crate::gateway::GatewayLink) {
+    /// Trains on a gateway's episodes instead of the rollout producer's. Call inside the
+    /// running actix `System`.
+    pub fn attach_gateway(&mut self, link: crate::gateway::GatewayLink, tasks_per_step: usize) {
         self.optimizer.do_send(optimizer::AttachGateway {
             collect: link.collect.clone(),
             pause: link.pause.clone(),
             resume: link.resume.clone(),
         });
+        self.produce = pull::PullSource {
+            source: link.collect.clone(),
+            forward: self.reward.clone().recipient(),
+            groups: tasks_per_step,
+        }
+        .start()
+        .recipient();
         self.gateway = Some(link);
     }
 }
@@ -103,8 +120,8 @@ pub struct PipelineParts {
     pub engine: Option<(crate::engine::EngineClient, crate::engine::EngineSettings)>,
 }
 
-/// Starts every actor and wires them: rollout → reward → bank → (bounded queue) → optimizer,
-/// with the policy actor serving generation, scoring and training, and the host services
+/// Starts every actor and wires them: producer → reward → optimizer ([`flow`]), with the
+/// policy actor serving generation, scoring and training, and the host services
 /// ([`host::HostLinks`]) reaching the bank and the skill creator. Must be called inside a
 /// running actix `System`.
 pub fn start(parts: PipelineParts) -> Pipeline {
@@ -144,10 +161,6 @@ pub fn start(parts: PipelineParts) -> Pipeline {
     );
     let skills =
         skills::SkillCreatorActor::new(&parts.skills, bank.clone().recipient(), reflector).start();
-    let reward = reward::RewardActor {
-        config: parts.reward,
-    }
-    .start();
     let links = host::HostLinks {
         score: policy.clone().recipient(),
         score_top_k: policy.clone().recipient(),
@@ -181,14 +194,13 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         None => policy.clone().recipient(),
     };
 
-    let rollout_actor = || {
+    let rollout_actor = |forward: Option<Recipient<flow::Played>>| {
         let env = parts.env.clone();
         let builder = parts.builder.clone();
         let algorithm = parts.algorithm.clone();
         let generate = rollout_generate.clone();
         let settings = parts.rollout.clone();
         let links = links.clone();
-        let reward = reward.clone().recipient();
         threads.start(move || rollout::RolloutActor {
             env: env.clone(),
             builder: builder.clone(),
@@ -196,15 +208,14 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             policy: generate.clone(),
             links: links.clone(),
             turn_context,
-            reward: reward.clone(),
+            forward: forward.clone(),
             settings: settings.clone(),
             train_tasks: info.train_tasks,
             test_tasks: info.test_tasks,
             env_max_turns: info.max_turns,
         })
     };
-    let rollout = rollout_actor();
-    let producer = rollout_actor();
+    let rollout = rollout_actor(None);
 
     let optimizer = {
         let algorithm = parts.algorithm.clone();
@@ -214,7 +225,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         let train = policy.clone().recipient();
         let sft = policy.clone().recipient();
         let source = rollout.clone().recipient();
-        let reward = reward.clone().recipient();
+        let reward = parts.reward.clone();
         let record = pool.clone().recipient();
         let exclusions = pool.clone().recipient();
         let take_finished = skills.clone().recipient();
@@ -235,15 +246,22 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             take_finished: take_finished.clone(),
             objective: objective.clone(),
             settings: settings.clone(),
-            feed: None,
+            phase: None,
             gateway: None,
             engine: engine_stats.clone(),
         })
     };
+    let reward = reward::RewardActor {
+        config: parts.reward,
+        forward: optimizer.clone().recipient(),
+    }
+    .start();
+    let producer = rollout_actor(Some(reward.clone().recipient()));
 
     Pipeline {
         policy,
         rollout,
+        produce: producer.clone().recipient(),
         producer,
         reward,
         bank,

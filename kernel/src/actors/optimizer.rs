@@ -1,19 +1,29 @@
-//! The optimizer actor: takes each RL step's batch off the bounded queue the rollout producer
-//! fills, drops rows staler than the bound, fills in `ℓ_old` (and `ℓ_ref` when needed), runs
-//! the algorithm's signals (sampling more groups while dynamic sampling drops some), builds the
-//! f32 objective, has the policy actor take the optimizer step(s), and reports the step to the
-//! algorithm ([`cairn_plugin_sdk::Algorithm::observe`]). The warm start's supervised steps go
-//! through it too ([`SupervisedStep`]).
+//! The optimizer actor, the last stage of an RL step ([`super::flow`]): it buffers the steps
+//! the reward actor forwards and trains them in order, each in named stages:
 //!
-//! It runs on a `SyncArbiter` thread: the queue, the plugin's host callbacks and the policy
-//! actor's answers all block it, never an async arbiter.
+//! 1. **prepare** ([`OptimizerActor::prepare`]), as soon as the step's batch is in and the
+//!    step before it is trained: drop rows staler than the bound, skip the curated exclusions,
+//!    fill in `ℓ_old` (and `ℓ_ref` when needed);
+//! 2. **signals** with resampling: the algorithm's signals, sampling more groups while dynamic
+//!    sampling drops some; run only once step `t + lag` has arrived, so the algorithm's hooks
+//!    see its state in one fixed order;
+//! 3. **update**: the f32 objective and the policy actor's optimizer step(s);
+//! 4. **observe**: the step reported to the algorithm ([`cairn_plugin_sdk::Algorithm::observe`]);
+//! 5. **record**: the step's rows sent to the data pool (off the step's path: the trainer
+//!    waits for the pool only before a checkpoint, [`crate::actors::pool::Flush`]), and the
+//!    report to the trainer ([`StepDone`]).
+//!
+//! The warm start's supervised steps go through it too ([`SupervisedStep`]).
+//!
+//! It runs on a `SyncArbiter` thread: the plugin's host callbacks and the policy actor's
+//! answers block it, never an async arbiter.
 //!
 //! Scoring is skipped where it would only repeat known numbers: with
 //! `optimizer.reuse_rollout_logprobs`, a row sampled by the live weights (same version, full
 //! nucleus, rollout temperature) keeps its sampled log-probs as `ℓ_old`; the reference pass
 //! runs only when the objective uses the KL or a plugin reads `ref_logprobs`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,11 +34,12 @@ use cairn_plugin_sdk::{Algorithm, Batch, Signals, StepReport as AlgorithmReport,
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 
+use crate::actors::flow::{Arrived, Collected, Proceed, StartRl, StepDone, StepOutcome};
 use crate::actors::host::{HostLinks, KernelHost};
 use crate::actors::policy::{call, PolicyVersion, Score, TrainStep};
 use crate::actors::pool::{ReadExclusions, RecordStep};
-use crate::actors::reward::FinaliseRewards;
-use crate::actors::rollout::{collect_chain, CollectGroups, Collected};
+use crate::actors::reward::RewardConfig;
+use crate::actors::rollout::{collect_round, CollectGroups};
 use crate::actors::skills::TakeFinished;
 use crate::backend::{Sequence, StepReport, Weights};
 use crate::deadline::{plugin_call, Site};
@@ -70,14 +81,6 @@ pub struct OptimizerSettings {
     pub plugin_timeout: Option<std::time::Duration>,
 }
 
-/// Where a step's first batch comes from.
-pub enum Feed {
-    /// The rollout producer's bounded queue.
-    Queue(crossbeam::channel::Receiver<Result<Collected>>),
-    /// Collected by the optimizer itself through its source (the gateway), at k = 0.
-    Pull,
-}
-
 pub struct OptimizerActor {
     pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
     pub links: HostLinks,
@@ -85,21 +88,57 @@ pub struct OptimizerActor {
     pub version: Recipient<PolicyVersion>,
     pub train: Recipient<TrainStep<RlLoss>>,
     pub sft: Recipient<TrainStep<SftLoss>>,
-    /// Where resample rounds (and, with [`Feed::Pull`], every batch) are collected.
+    /// Where resample rounds are collected: the serving rollout actor, or the gateway.
     pub source: Recipient<CollectGroups>,
-    pub reward: Recipient<FinaliseRewards>,
-    /// The data pool: every step is written there once it is trained.
+    /// The reward rules, applied to resample rounds here (the producer's steps come through
+    /// the reward actor).
+    pub reward: RewardConfig,
+    /// The data pool: every step is sent there once it is trained.
     pub record: Recipient<RecordStep>,
-    /// The curated exclusions, read at the start of every step.
+    /// The curated exclusions, read when a step is prepared.
     pub exclusions: Recipient<ReadExclusions>,
     pub take_finished: Recipient<TakeFinished>,
     pub objective: ObjectiveConfig,
     pub settings: OptimizerSettings,
-    pub feed: Option<Feed>,
+    /// The RL phase under way ([`StartRl`]); `None` before it and after a failed step.
+    pub phase: Option<RlPhase>,
     /// With the gateway: generation pauses around each weight update.
     pub gateway: Option<(Recipient<PauseSampling>, Recipient<ResumeSampling>)>,
     /// With an external rollout engine: its sync counters go into each step's metrics.
     pub engine: Option<Recipient<crate::engine::ReadEngineStats>>,
+}
+
+/// Where the optimizer is in the RL phase (see [`super::flow`] for the rules).
+pub struct RlPhase {
+    end: u64,
+    lag: u64,
+    /// The next step to train.
+    next: u64,
+    /// The trainer has written every step before this one.
+    acked: u64,
+    /// The `metrics.jsonl` step of `next`.
+    global_step: u64,
+    next_group_id: Arc<AtomicU64>,
+    /// Steps arrived and not yet prepared.
+    arrived: BTreeMap<u64, Result<Collected>>,
+    /// The highest step arrived so far.
+    latest: Option<u64>,
+    /// Step `next`, prepared.
+    prepared: Option<Prepared>,
+    reports: futures::channel::mpsc::UnboundedSender<StepDone>,
+}
+
+/// A step after its prepare stage.
+struct Prepared {
+    collected: Collected,
+    /// The live policy version while the step was prepared (and trains).
+    version: u64,
+    stale: Staleness,
+    exclusions: Exclusions,
+    curated: Curated,
+    /// The log-prob mismatch of the rows scored.
+    mismatch: Vec<(String, f64)>,
+    started: Instant,
 }
 
 impl Actor for OptimizerActor {
@@ -134,20 +173,8 @@ impl Handler<SupervisedStep> for OptimizerActor {
     }
 }
 
-/// Where the next RL steps' batches come from.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct AttachFeed(pub Feed);
-
-impl Handler<AttachFeed> for OptimizerActor {
-    type Result = ();
-    fn handle(&mut self, msg: AttachFeed, _: &mut Self::Context) {
-        self.feed = Some(msg.0);
-    }
-}
-
-/// Trains on the episodes of an OpenAI-compatible gateway: batches are collected through
-/// `collect`, and generation pauses around each update.
+/// Trains on the episodes of an OpenAI-compatible gateway: resample rounds are collected
+/// through `collect`, and generation pauses around each update.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct AttachGateway {
@@ -161,49 +188,104 @@ impl Handler<AttachGateway> for OptimizerActor {
     fn handle(&mut self, msg: AttachGateway, _: &mut Self::Context) {
         self.source = msg.collect;
         self.gateway = Some((msg.pause, msg.resume));
-        self.feed = Some(Feed::Pull);
     }
 }
 
-/// Train RL step `step` (0-based) on the next batch.
-#[derive(Message)]
-#[rtype(result = "Result<StepOutcome>")]
-pub struct TrainNext {
-    pub step: u64,
-    /// Group ids for resample rounds (shared with the producer).
-    pub next_group_id: Arc<AtomicU64>,
-    /// The metrics.jsonl `step` this RL step will be written as (the data pool records it).
-    pub global_step: u64,
+impl Handler<StartRl> for OptimizerActor {
+    type Result = ();
+    fn handle(&mut self, msg: StartRl, _: &mut Self::Context) {
+        self.phase = Some(RlPhase {
+            end: msg.end,
+            lag: msg.lag,
+            next: msg.first,
+            acked: msg.first,
+            global_step: msg.global_step,
+            next_group_id: msg.next_group_id,
+            arrived: BTreeMap::new(),
+            latest: None,
+            prepared: None,
+            reports: msg.reports,
+        });
+    }
 }
 
-/// What a step did: its metrics (one `metrics.jsonl` line) and the policy version after it.
-#[derive(Debug, Default)]
-pub struct StepOutcome {
-    pub values: Map<String, Value>,
-    pub policy_version: u64,
+impl Handler<Arrived> for OptimizerActor {
+    type Result = ();
+    fn handle(&mut self, msg: Arrived, _: &mut Self::Context) {
+        let Some(phase) = &mut self.phase else {
+            tracing::warn!(step = msg.step, "a step arrived outside the RL phase; dropped");
+            return;
+        };
+        phase.latest = Some(phase.latest.map_or(msg.step, |l| l.max(msg.step)));
+        phase.arrived.insert(msg.step, msg.collected);
+        self.advance();
+    }
 }
 
-impl Handler<TrainNext> for OptimizerActor {
-    type Result = Result<StepOutcome>;
-    fn handle(&mut self, msg: TrainNext, _: &mut Self::Context) -> Self::Result {
-        self.train_next(msg)
+impl Handler<Proceed> for OptimizerActor {
+    type Result = ();
+    fn handle(&mut self, msg: Proceed, _: &mut Self::Context) {
+        if let Some(phase) = &mut self.phase {
+            phase.acked = phase.acked.max(msg.step);
+        }
+        self.advance();
     }
 }
 
 impl OptimizerActor {
-    fn train_next(&mut self, msg: TrainNext) -> Result<StepOutcome> {
-        let started = Instant::now();
-        let collected = self.collect_step(&msg)?;
-        // Under the gateway the policy's thread runs one generation pass for as long as
-        // clients keep joining it, and every policy call of the step (its version, the
-        // scoring, the update, host services of the plugins) waits behind that pass: sampling
-        // pauses from the moment the step's groups are in until the step is done.
-        self.pause_sampling()?;
-        let outcome = self.train_collected(msg, collected, started);
-        let resumed = self.resume_sampling();
-        let outcome = outcome?;
-        resumed?;
-        Ok(outcome)
+    /// Prepares and trains every step the rules allow now ([`super::flow`]).
+    fn advance(&mut self) {
+        loop {
+            let Some(mut phase) = self.phase.take() else {
+                return;
+            };
+            let step = phase.next;
+            if step >= phase.end {
+                self.phase = Some(phase);
+                return;
+            }
+            if phase.prepared.is_none() {
+                let Some(collected) = phase.arrived.remove(&step) else {
+                    self.phase = Some(phase);
+                    return;
+                };
+                match collected.and_then(|c| self.prepare(step, c)) {
+                    Ok(prepared) => phase.prepared = Some(prepared),
+                    Err(e) => {
+                        // The phase ends here: nothing after a failed step is trained.
+                        let _ = self.resume_sampling();
+                        let _ = phase.reports.unbounded_send(StepDone {
+                            step,
+                            outcome: Err(e),
+                        });
+                        return;
+                    }
+                }
+            }
+            let lead_in = phase.latest.is_some_and(|l| l >= step + phase.lag)
+                || step + phase.lag >= phase.end;
+            if phase.acked < step || !lead_in {
+                self.phase = Some(phase);
+                return;
+            }
+            let prepared = phase.prepared.take().expect("prepared above");
+            let outcome = self.train_prepared(
+                step,
+                phase.global_step,
+                &phase.next_group_id,
+                prepared,
+            );
+            let resumed = self.resume_sampling();
+            let outcome = outcome.and_then(|o| resumed.map(|()| o));
+            let failed = outcome.is_err();
+            let _ = phase.reports.unbounded_send(StepDone { step, outcome });
+            if failed {
+                return;
+            }
+            phase.next += 1;
+            phase.global_step += 1;
+            self.phase = Some(phase);
+        }
     }
 
     fn pause_sampling(&self) -> Result<()> {
@@ -220,58 +302,58 @@ impl OptimizerActor {
         Ok(())
     }
 
-    /// The step's groups, from the rollout queue or pulled from the source.
-    fn collect_step(&self, msg: &TrainNext) -> Result<Collected> {
-        let step = msg.step;
-        let b = self.settings.tasks_per_step;
-        let collected = match &self.feed {
-            Some(Feed::Queue(rx)) => rx.recv().map_err(|_| {
-                Error::Other(format!(
-                    "the rollout producer stopped before RL step {step}; see its error above"
-                ))
-            })??,
-            Some(Feed::Pull) => collect_chain(
-                &self.source,
-                &self.reward,
-                CollectGroups {
-                    step,
-                    round: 0,
-                    groups: b,
-                    first_group_id: msg.next_group_id.fetch_add(b as u64, Ordering::SeqCst),
-                },
-            )?,
-            None => {
-                return Err(Error::Other(
-                    "the optimizer has no batch feed: start the rollout producer first".into(),
-                ))
-            }
-        };
+    /// The prepare stage: staleness, exclusions, `ℓ_old` and `ℓ_ref` of the step's batch,
+    /// with the weights after the previous step's update.
+    fn prepare(&self, step: u64, mut collected: Collected) -> Result<Prepared> {
+        let started = Instant::now();
         if collected.step != step {
             return Err(Error::Other(format!(
-                "the rollout queue delivered step {} while step {step} trains",
+                "the reward actor delivered step {} while step {step} trains",
                 collected.step
             )));
         }
-        Ok(collected)
-    }
-
-    /// Everything of a step after its groups are collected.
-    fn train_collected(
-        &mut self,
-        msg: TrainNext,
-        mut collected: Collected,
-        started: Instant,
-    ) -> Result<StepOutcome> {
-        let step = msg.step;
-        let b = self.settings.tasks_per_step;
-        let version_now = call(&self.version, PolicyVersion)?;
-        let mut values = Map::new();
-        let mut stale = self.drop_stale(&mut collected.batch, version_now);
+        // Under the gateway the policy's thread runs one generation pass for as long as
+        // clients keep joining it, and every policy call of the step (its version, the
+        // scoring, the update, host services of the plugins) waits behind that pass: sampling
+        // pauses from the moment the step's groups are in until the step is done.
+        self.pause_sampling()?;
+        let version = call(&self.version, PolicyVersion)?;
+        let stale = self.drop_stale(&mut collected.batch, version);
         // Curation: rows the user excluded in the pool are skipped from this step on.
         let exclusions = call(&self.exclusions, ReadExclusions)??;
         let mut curated = Curated::default();
         curated.apply(&mut collected.batch, &exclusions, 0);
-        let mut metrics = self.fill_logprobs(&mut collected.batch.rows, version_now)?;
+        let mismatch = self.fill_logprobs(&mut collected.batch.rows, version)?;
+        Ok(Prepared {
+            collected,
+            version,
+            stale,
+            exclusions,
+            curated,
+            mismatch,
+            started,
+        })
+    }
+
+    /// The signals, update, observe and record stages of a prepared step.
+    fn train_prepared(
+        &mut self,
+        step: u64,
+        global_step: u64,
+        next_group_id: &AtomicU64,
+        prepared: Prepared,
+    ) -> Result<StepOutcome> {
+        let Prepared {
+            mut collected,
+            version: version_now,
+            mut stale,
+            exclusions,
+            mut curated,
+            mismatch: mut metrics,
+            started,
+        } = prepared;
+        let b = self.settings.tasks_per_step;
+        let mut values = Map::new();
 
         // Under the deadline too: with rollouts running ahead, a planning call that hung on the
         // producer's side holds the algorithm.
@@ -310,14 +392,14 @@ impl OptimizerActor {
             let want = b - kept;
             // More episodes are sampled meanwhile (the gateway's clients play them).
             self.resume_sampling()?;
-            let more = collect_chain(
+            let more = collect_round(
                 &self.source,
                 &self.reward,
                 CollectGroups {
                     step,
                     round,
                     groups: want,
-                    first_group_id: msg.next_group_id.fetch_add(want as u64, Ordering::SeqCst),
+                    first_group_id: next_group_id.fetch_add(want as u64, Ordering::SeqCst),
                 },
             );
             self.pause_sampling()?;
@@ -451,7 +533,7 @@ impl OptimizerActor {
         let terms = term_decisions(&pool_rows, &signals);
         let write = step_write(StepParts {
             step,
-            global_step: msg.global_step,
+            global_step,
             policy_version,
             source,
             rows: pool_rows,
@@ -466,11 +548,9 @@ impl OptimizerActor {
             failure_dropped,
             metrics: &values,
         });
-        // The step's metrics as stored in the pool end here; metrics.jsonl also gets the
-        // write's own time (`pool/write_time_s`, outside `step_time_s`).
-        let t = Instant::now();
-        call(&self.record, RecordStep(write))??;
-        values.insert("pool/write_time_s".into(), json!(t.elapsed().as_secs_f64()));
+        // Off the step's path: the pool actor writes it while the next step runs, and keeps a
+        // failure for the trainer's next `Flush`.
+        self.record.do_send(RecordStep(write));
         Ok(StepOutcome {
             values,
             policy_version,

@@ -1,8 +1,13 @@
 //! The data-pool actor: owns the run's [`Pool`] (`<run>/pool.sqlite`) and writes what the
 //! optimizer and the trainer send it: one transaction per RL step ([`RecordStep`]), the
 //! episodes of an evaluation ([`RecordEvaluation`]); it answers the optimizer's read of the
-//! curated exclusions at the start of every step ([`ReadExclusions`]), and the trainer's
+//! curated exclusions when a step is prepared ([`ReadExclusions`]), and the trainer's
 //! truncation on resume and reset on a fresh start.
+//!
+//! A step's write is a send: the optimizer goes on with the next step while it is written.
+//! A failed write is kept and returned by the next [`Flush`], which the trainer sends before
+//! every checkpoint and at the end of the RL phase, so a checkpoint never covers a step whose
+//! rows the pool lacks.
 //!
 //! It runs on a `SyncArbiter` with one thread, like the experience bank's actor: every
 //! request is blocking SQLite I/O, and one thread serialises them on the pool's single
@@ -15,11 +20,13 @@ use crate::pool::{EpisodeWrite, Exclusions, Pool, StepWrite};
 
 pub struct DataPoolActor {
     pool: Pool,
+    /// The first step write that failed since the last [`Flush`].
+    failed: Option<crate::error::Error>,
 }
 
 impl DataPoolActor {
     pub fn new(pool: Pool) -> Self {
-        DataPoolActor { pool }
+        DataPoolActor { pool, failed: None }
     }
 }
 
@@ -27,15 +34,45 @@ impl Actor for DataPoolActor {
     type Context = SyncContext<Self>;
 }
 
-/// Write one RL step (its `steps` row, episodes and turns) in one transaction.
+/// Write one RL step (its `steps` row, episodes and turns) in one transaction. Sent, not
+/// asked: a failure is kept for the next [`Flush`].
 #[derive(Message)]
-#[rtype(result = "Result<()>")]
+#[rtype(result = "()")]
 pub struct RecordStep(pub StepWrite);
 
 impl Handler<RecordStep> for DataPoolActor {
+    type Result = ();
+    fn handle(&mut self, msg: RecordStep, _: &mut Self::Context) {
+        let started = std::time::Instant::now();
+        let written = self.pool.record_step(&msg.0);
+        tracing::debug!(
+            step = msg.0.step,
+            seconds = started.elapsed().as_secs_f64(),
+            "data pool: step written"
+        );
+        if let Err(e) = written {
+            tracing::error!(step = msg.0.step, "data pool: writing the step failed: {e}");
+            self.failed.get_or_insert(crate::error::Error::Other(format!(
+                "the data pool could not record RL step {}: {e}",
+                msg.0.step
+            )));
+        }
+    }
+}
+
+/// Waits for every write sent before it; returns the first one that failed since the last
+/// flush.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct Flush;
+
+impl Handler<Flush> for DataPoolActor {
     type Result = Result<()>;
-    fn handle(&mut self, msg: RecordStep, _: &mut Self::Context) -> Self::Result {
-        self.pool.record_step(&msg.0)
+    fn handle(&mut self, _: Flush, _: &mut Self::Context) -> Self::Result {
+        match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

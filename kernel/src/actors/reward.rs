@@ -1,4 +1,5 @@
-//! The reward actor: turns what the environment reported into final rewards.
+//! The reward actor, the stage between the producer and the optimizer ([`super::flow`]): turns
+//! what the environment reported into final rewards.
 //!
 //! - `episode_reward` = Σ turn rewards (after shaping), written on every row of the trajectory;
 //! - an invalid action (feedback −1) costs `invalid_action_penalty` (GiGPO's ALFWorld setting
@@ -10,7 +11,9 @@
 use actix::prelude::*;
 use cairn_plugin_sdk::{Batch, TurnRow};
 
+use crate::actors::flow::{Arrived, Collected, Played};
 use crate::rollout::tokens::reward_index;
+use crate::rollout::Rollouts;
 
 /// Reward shaping settings.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -20,24 +23,31 @@ pub struct RewardConfig {
     pub invalid_action_penalty: f32,
 }
 
-#[derive(Default)]
+/// The reward stage: finalises each step the producer forwards and forwards it to the
+/// optimizer.
 pub struct RewardActor {
     pub config: RewardConfig,
+    pub forward: Recipient<Arrived>,
 }
 
 impl Actor for RewardActor {
     type Context = Context<Self>;
 }
 
-/// Finalise the rewards of a step's rows.
-#[derive(Message)]
-#[rtype(result = "Finalised")]
-pub struct FinaliseRewards {
-    pub step: u64,
-    pub rows: Vec<TurnRow>,
+impl Handler<Played> for RewardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Played, _: &mut Self::Context) {
+        let collected = msg
+            .rollouts
+            .map(|r| reward_rollouts(&self.config, msg.step, r, msg.rollout_secs));
+        self.forward.do_send(Arrived {
+            step: msg.step,
+            collected,
+        });
+    }
 }
 
-/// Rows with final rewards, and what the reward actor did.
+/// Rows with final rewards, and what the reward rules did.
 #[derive(Debug, Default)]
 pub struct Finalised {
     pub batch: Batch,
@@ -45,10 +55,24 @@ pub struct Finalised {
     pub unplaceable: usize,
 }
 
-impl Handler<FinaliseRewards> for RewardActor {
-    type Result = MessageResult<FinaliseRewards>;
-    fn handle(&mut self, msg: FinaliseRewards, _: &mut Self::Context) -> Self::Result {
-        MessageResult(finalise(&self.config, msg.step, msg.rows))
+/// A step's [`Collected`]: the rollouts with their rewards finalised ([`finalise`]).
+pub fn reward_rollouts(
+    config: &RewardConfig,
+    step: u64,
+    rollouts: Rollouts,
+    rollout_secs: f64,
+) -> Collected {
+    let finalised = finalise(config, step, rollouts.rows);
+    Collected {
+        step,
+        batch: finalised.batch,
+        seeds: rollouts.seeds,
+        failed: rollouts.failed,
+        failure_dropped: rollouts.dropped_rows,
+        unplaceable: finalised.unplaceable,
+        sampled_tokens: rollouts.sampled_tokens,
+        rollout_secs,
+        metrics: rollouts.metrics,
     }
 }
 

@@ -2,11 +2,10 @@
 //! and plays B × G episodes against the environment plugin with batched generation through the
 //! policy actor. Also plays held-out evaluations and collects expert demonstrations.
 //!
-//! In an RL run one rollout actor is the **producer** ([`RunRollouts`]): step after step it
-//! waits at the [`StalenessGate`] until the optimizer is at most `lag` steps behind, plays the
-//! step's groups, has the reward actor finalise them, and
-//! puts the batch on the bounded queue the optimizer actor reads. A second rollout actor
-//! serves evaluations, demonstrations and the optimizer's resample rounds meanwhile.
+//! In an RL run one rollout actor is the **producer**: for each [`Produce`] the trainer sends
+//! it plays that step's groups and forwards them to the reward actor ([`Played`]; the step's
+//! path is in [`super::flow`]). A second rollout actor serves evaluations, demonstrations and
+//! the optimizer's resample rounds meanwhile.
 //!
 //! It runs on a `SyncArbiter` thread: each turn it blocks on the policy actor's answer, and
 //! environment plugin calls are synchronous anyway. Those calls, and the algorithm's
@@ -14,18 +13,19 @@
 //! environment errs, panics or hangs fails alone and its group follows
 //! [`RolloutSettings::on_failure`]; a hung algorithm call stops the run (docs/faults.md).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{Algorithm, Batch, Environment, GroupRequest, Split, TaskRef, TurnRow};
-use parking_lot::{Condvar, Mutex};
+use cairn_plugin_sdk::{Algorithm, Environment, GroupRequest, Split, TaskRef};
+use parking_lot::Mutex;
 use rand::{seq::index::sample, SeedableRng};
 
+use crate::actors::flow::{Collected, Played, Produce};
 use crate::actors::host::{HostLinks, KernelHost};
 use crate::actors::policy::{call, Generate, PolicyVersion};
-use crate::actors::reward::FinaliseRewards;
+use crate::actors::reward::{reward_rollouts, RewardConfig};
 use crate::backend::SamplingParams;
 use crate::deadline::{plugin_call, Site};
 use crate::error::{Error, Result};
@@ -70,8 +70,9 @@ pub struct RolloutActor {
     pub links: HostLinks,
     /// Whether the algorithm asked for the per-turn context hook.
     pub turn_context: bool,
-    /// Where a step's rollouts go next: the reward actor.
-    pub reward: Recipient<FinaliseRewards>,
+    /// Where the producer's steps go next: the reward actor (`None` for the rollout actor
+    /// that serves evaluations, demonstrations and resample rounds).
+    pub forward: Option<Recipient<Played>>,
     pub settings: RolloutSettings,
     /// Task counts and turn limit reported by the environment.
     pub train_tasks: u64,
@@ -301,215 +302,49 @@ impl Handler<CollectGroups> for RolloutActor {
     }
 }
 
-/// A step's rollouts after the reward actor and the bank: what the optimizer trains on.
-#[derive(Debug, Default)]
-pub struct Collected {
-    pub step: u64,
-    /// Rows with final rewards.
-    pub batch: Batch,
-    /// `(trajectory_id, environment seed)` of every episode played (the data pool records
-    /// them).
-    pub seeds: Vec<(u64, u64)>,
-    /// Trajectories cut by an environment fault (error, panic or timeout).
-    pub failed: Vec<FailedEpisode>,
-    /// Rows of groups left out because an episode of theirs failed
-    /// ([`Rollouts::dropped_rows`]); recorded in the data pool, never trained on.
-    pub failure_dropped: Vec<TurnRow>,
-    /// Trajectories whose reward could not be placed on any policy token.
-    pub unplaceable: usize,
-    /// Response tokens sampled.
-    pub sampled_tokens: usize,
-    /// Wall time of playing the episodes, seconds.
-    pub rollout_secs: f64,
-    /// Resample rounds this batch went through (0: the first collection only).
-    pub rounds: u32,
-    /// What the algorithm logged while planning and in the per-turn hook (summed over
-    /// resample rounds by name, see [`Collected::extend`]).
-    pub metrics: Vec<(String, f64)>,
-}
-
-impl Collected {
-    /// Appends another round's rows to this step's batch.
-    pub fn extend(&mut self, more: Collected) {
-        self.batch.rows.extend(more.batch.rows);
-        self.failed.extend(more.failed);
-        self.failure_dropped.extend(more.failure_dropped);
-        self.seeds.extend(more.seeds);
-        self.unplaceable += more.unplaceable;
-        self.sampled_tokens += more.sampled_tokens;
-        self.rollout_secs += more.rollout_secs;
-        self.metrics.extend(more.metrics);
-    }
-}
-
-/// Rollout → reward for one collection: plays (through `source`, the rollout actor or the
-/// gateway) and has the reward actor finalise the rows (the optimizer writes them to the data
-/// pool once the step is trained). Blocks the calling thread, so only for `SyncArbiter`
-/// threads.
-pub fn collect_chain(
+/// One resample round: plays through `source` (the serving rollout actor, or the gateway's
+/// episode source) and applies the reward rules ([`reward_rollouts`]) on the calling thread.
+/// Blocks the calling thread, so only for `SyncArbiter` threads.
+pub fn collect_round(
     source: &Recipient<CollectGroups>,
-    reward: &Recipient<FinaliseRewards>,
+    reward: &RewardConfig,
     msg: CollectGroups,
 ) -> Result<Collected> {
     let step = msg.step;
     let started = Instant::now();
     let rollouts = call(source, msg)??;
-    let rollout_secs = started.elapsed().as_secs_f64();
-    finish_chain(reward, step, rollouts, rollout_secs)
-}
-
-fn finish_chain(
-    reward: &Recipient<FinaliseRewards>,
-    step: u64,
-    rollouts: Rollouts,
-    rollout_secs: f64,
-) -> Result<Collected> {
-    let finalised = call(
+    Ok(reward_rollouts(
         reward,
-        FinaliseRewards {
-            step,
-            rows: rollouts.rows,
-        },
-    )?;
-    Ok(Collected {
         step,
-        batch: finalised.batch,
-        seeds: rollouts.seeds,
-        failed: rollouts.failed,
-        failure_dropped: rollouts.dropped_rows,
-        unplaceable: finalised.unplaceable,
-        sampled_tokens: rollouts.sampled_tokens,
-        rollout_secs,
-        rounds: 0,
-        metrics: rollouts.metrics,
-    })
+        rollouts,
+        started.elapsed().as_secs_f64(),
+    ))
 }
 
-/// Bounds how far rollouts run ahead of the optimizer: the producer may start step `s` once
-/// `s ≤ trained + lag`, where `trained` counts the RL steps whose update is done. `lag = 0` is
-/// synchronous training (step `s` is sampled by the weights after update `s − 1`).
-#[derive(Debug)]
-pub struct StalenessGate {
-    lag: u64,
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-#[derive(Debug)]
-struct GateState {
-    trained: u64,
-    closed: bool,
-}
-
-impl StalenessGate {
-    /// A gate at `trained` finished steps.
-    pub fn new(lag: u64, trained: u64) -> Self {
-        StalenessGate {
-            lag,
-            state: Mutex::new(GateState {
-                trained,
-                closed: false,
-            }),
-            changed: Condvar::new(),
-        }
-    }
-
-    pub fn lag(&self) -> u64 {
-        self.lag
-    }
-
-    /// Blocks until step `step` may be rolled out; `false` when the gate was closed.
-    pub fn wait_for(&self, step: u64) -> bool {
-        let mut s = self.state.lock();
-        while !s.closed && step > s.trained + self.lag {
-            self.changed.wait(&mut s);
-        }
-        !s.closed
-    }
-
-    /// The update of RL step `trained − 1` is done.
-    pub fn advance(&self, trained: u64) {
-        let mut s = self.state.lock();
-        s.trained = s.trained.max(trained);
-        self.changed.notify_all();
-    }
-
-    /// Whether [`StalenessGate::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.state.lock().closed
-    }
-
-    /// Stops the producer (the run ended or failed).
-    pub fn close(&self) {
-        self.state.lock().closed = true;
-        self.changed.notify_all();
-    }
-}
-
-/// Produce the RL steps `steps` onto `queue`, one [`Collected`] per step, never more than
-/// `gate.lag()` steps ahead of the optimizer. Returns when every step was produced, the gate
-/// was closed or the queue's receiver is gone; an error is also sent on the queue, so the
-/// optimizer reports it with its step.
-#[derive(Message)]
-#[rtype(result = "Result<()>")]
-pub struct RunRollouts {
-    pub steps: std::ops::Range<u64>,
-    pub gate: Arc<StalenessGate>,
-    /// Group ids are drawn from this counter (shared with the optimizer's resample rounds).
-    pub next_group_id: Arc<AtomicU64>,
-    pub queue: crossbeam::channel::Sender<Result<Collected>>,
-}
-
-impl Handler<RunRollouts> for RolloutActor {
-    type Result = Result<()>;
-    fn handle(&mut self, msg: RunRollouts, _: &mut Self::Context) -> Self::Result {
+impl Handler<Produce> for RolloutActor {
+    type Result = ();
+    fn handle(&mut self, msg: Produce, _: &mut Self::Context) {
         let groups = self.settings.tasks_per_step;
-        for step in msg.steps {
-            if !msg.gate.wait_for(step) {
-                return Ok(());
-            }
-            let first_group_id = msg.next_group_id.fetch_add(groups as u64, Ordering::SeqCst);
-            let started = Instant::now();
-            let collected = self
-                .collect(&CollectGroups {
-                    step,
-                    round: 0,
-                    groups,
-                    first_group_id,
-                })
-                .and_then(|rollouts| {
-                    finish_chain(
-                        &self.reward,
-                        step,
-                        rollouts,
-                        started.elapsed().as_secs_f64(),
-                    )
-                });
-            let failed = collected.is_err();
-            // A full queue waits for the optimizer, but not past the end of the run: the
-            // trainer closes the gate when it stops, whatever the reason.
-            let mut item = collected;
-            loop {
-                match msg
-                    .queue
-                    .send_timeout(item, std::time::Duration::from_millis(100))
-                {
-                    Ok(()) => break,
-                    Err(crossbeam::channel::SendTimeoutError::Timeout(back)) => {
-                        if msg.gate.is_closed() {
-                            return Ok(());
-                        }
-                        item = back;
-                    }
-                    Err(crossbeam::channel::SendTimeoutError::Disconnected(_)) => return Ok(()),
-                }
-            }
-            if failed {
-                // The optimizer has the error to report.
-                return Ok(());
-            }
+        let first_group_id = msg.next_group_id.fetch_add(groups as u64, Ordering::SeqCst);
+        let started = Instant::now();
+        let rollouts = self.collect(&CollectGroups {
+            step: msg.step,
+            round: 0,
+            groups,
+            first_group_id,
+        });
+        let played = Played {
+            step: msg.step,
+            rollouts,
+            rollout_secs: started.elapsed().as_secs_f64(),
+        };
+        match &self.forward {
+            Some(next) => next.do_send(played),
+            None => tracing::error!(
+                step = msg.step,
+                "a rollout actor without a next stage was asked to produce a step"
+            ),
         }
-        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
 //! The actor pipeline on a tiny model: at `rollout.max_staleness = 0` it reproduces, to the
 //! last bit, the metric stream of the trainer it replaced (`tests/fixtures/sync-golden/`, see
-//! its README); with `max_staleness = 2` (one RL step of lead at two updates per batch) no row
-//! trains past the bound; a scaffold plugin stacked on `grpo` works end to end through the
+//! its README); with `max_staleness = 2` (one RL step of lead at two updates per batch) every
+//! row is exactly one step behind and two runs agree; a scaffold plugin stacked on `grpo` works end to end through the
 //! `.so`; bad stacks, another stack on resume and a second run on one directory are refused.
 
 use std::path::Path;
@@ -84,24 +84,41 @@ fn synchronous_pipeline_reproduces_the_old_trainers_metrics_bit_for_bit() {
     assert_eq!(evals, golden("eval"), "held-out evaluations");
 }
 
+/// One RL step of lead (`max_staleness = 2` at two updates per batch): step `s` is played by
+/// exactly the weights after step `s − 2` (two versions behind from step 1 on, never more),
+/// and a second run with the same seed writes the same metrics, wall times aside.
 #[test]
-fn async_pipeline_runs_one_step_ahead_and_never_trains_rows_past_the_bound() {
+fn async_pipeline_runs_exactly_one_step_ahead_and_two_runs_agree() {
     let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    let cfg = golden_config(tmp.path(), &run, "max_staleness = 2");
-    let out = cairn(&["train", cfg.to_str().unwrap()]);
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
-    let rl: Vec<_> = jsonl(&run.join("metrics.jsonl"))
-        .into_iter()
-        .filter(|m| m["phase"] == "rl")
-        .collect();
+    let mut runs = Vec::new();
+    for name in ["a", "b"] {
+        let run = tmp.path().join(name);
+        let cfg = golden_config(tmp.path(), &run, "max_staleness = 2");
+        let out = cairn(&["train", cfg.to_str().unwrap()]);
+        assert!(out.status.success(), "stderr: {}", stderr(&out));
+        runs.push(jsonl(&run.join("metrics.jsonl")));
+    }
+    let rl: Vec<_> = runs[0].iter().filter(|m| m["phase"] == "rl").collect();
     assert_eq!(rl.len(), 3);
-    for m in &rl {
+    for (s, m) in rl.iter().enumerate() {
         // Two mini-batches per step: k = 2 versions is one step of lead.
-        assert!(m["staleness/max"].as_u64().unwrap() <= 2, "{m}");
+        let lag = if s == 0 { 0 } else { 2 };
+        assert_eq!(m["staleness/max"], lag, "{m}");
+        assert_eq!(m["staleness/mean"], lag as f64, "{m}");
         assert_eq!(m["staleness/rows_dropped"], 0, "{m}");
         assert!(m["loss"].as_f64().is_some_and(f64::is_finite), "{m}");
     }
+    let untimed = |metrics: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        metrics
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                m.as_object_mut().unwrap().retain(|k, _| !timed(k));
+                m
+            })
+            .collect()
+    };
+    assert_eq!(untimed(&runs[0]), untimed(&runs[1]));
 }
 
 /// The golden run's config (a warm-started model whose groups have mixed outcomes) with

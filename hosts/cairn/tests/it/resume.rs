@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::{cairn, jsonl, stderr, stdout, tiny_config, write_config};
 
 /// Keys of `metrics.jsonl` that measure wall-clock time (`step_time_s`, `rollout_time_s`,
-/// `train_time_s`, `pool/write_time_s`) or throughput (`tokens_per_s`,
+/// `train_time_s`) or throughput (`tokens_per_s`,
 /// `train_tokens_per_s`): they differ from run to run. Every other value must be equal.
 fn timed(key: &str) -> bool {
     key.ends_with("_time_s") || key.ends_with("tokens_per_s")
