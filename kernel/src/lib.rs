@@ -22,6 +22,7 @@ pub mod retry;
 pub mod rollout;
 pub mod run;
 pub mod skills;
+mod sqlite;
 pub mod stack;
 pub mod text;
 pub mod trainer;

@@ -278,9 +278,56 @@ pub fn injection(header: &str, entries: &[BankEntry]) -> String {
     out
 }
 
+/// The distinct terms of a full-text query, in order of first appearance: maximal runs of
+/// alphanumeric characters, lower-cased, at most `max` (the first ones). The boundaries are
+/// those of SQLite FTS5's `unicode61` tokeniser, so a term is what the index holds; match the
+/// terms with [`fts5_any`], never as FTS5 syntax (a query text holds `-`, `:`, quotes, `AND`).
+/// The kernel's bank retrieval and the search-qa environment's search tool both cut their
+/// queries with it.
+pub fn query_terms(text: &str, max: usize) -> Vec<String> {
+    let mut terms: Vec<String> = Vec::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        if terms.len() == max {
+            break;
+        }
+        if word.is_empty() {
+            continue;
+        }
+        let word = word.to_lowercase();
+        if !terms.contains(&word) {
+            terms.push(word);
+        }
+    }
+    terms
+}
+
+/// The FTS5 `MATCH` expression that any of `terms` satisfies: each term a quoted string
+/// (inner quotes doubled), joined by `OR`.
+pub fn fts5_any(terms: &[String]) -> String {
+    terms
+        .iter()
+        .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(" OR ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_text_becomes_distinct_quoted_terms() {
+        let terms = query_terms("You see: a Mug-1, the mug; \"AND\" NEAR(x) ÉCLAIR 2x", 64);
+        assert_eq!(
+            terms,
+            ["you", "see", "a", "mug", "1", "the", "and", "near", "x", "éclair", "2x"]
+        );
+        assert_eq!(fts5_any(&terms[..3]), r#""you" OR "see" OR "a""#);
+        assert_eq!(fts5_any(&["say \"hi\"".to_string()]), r#""say ""hi""""#);
+        assert!(query_terms(" -- :: ", 64).is_empty());
+        assert_eq!(query_terms("a b a c", 2), ["a", "b"]);
+        assert!(query_terms("a b", 0).is_empty());
+    }
 
     #[test]
     fn an_injection_is_the_header_then_one_bullet_per_trimmed_text_or_the_texts_alone() {

@@ -48,7 +48,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
-pub use retrieval::{query_terms, MAX_QUERY_TERMS};
+pub use retrieval::MAX_QUERY_TERMS;
 pub use schema::{OLDEST_READABLE, SCHEMA_VERSION};
 pub use store::{Bank, EntryFilter, DEFAULT_BUSY_TIMEOUT};
 

@@ -2,9 +2,10 @@
 //! description or an observation) to the entries' text and trigger, through the FTS5 index.
 //!
 //! **Query text is data, not FTS5 syntax.** An observation holds `-`, `:`, quotes, `AND`, ...
-//! that the FTS5 query language would read as operators, so the query is cut into terms here
-//! (maximal runs of Unicode letters and digits, lower-cased; the same boundaries the index's
-//! `unicode61` tokeniser uses) and each term is passed as a quoted string, joined with `OR`.
+//! that the FTS5 query language would read as operators, so the query is cut into terms
+//! ([`cairn_plugin_sdk::bank::query_terms`]: maximal runs of Unicode letters and digits,
+//! lower-cased; the same boundaries the index's `unicode61` tokeniser uses) and each term is
+//! passed as a quoted string, joined with `OR` ([`cairn_plugin_sdk::bank::fts5_any`]).
 //! An entry matching more, and rarer, terms ranks higher; one matching none is not returned.
 //! The index's `porter` stemmer applies to the quoted terms too, so `mugs` finds `mug`.
 //!
@@ -24,7 +25,7 @@
 //! the entries scoped to it; a query that names none sees only unscoped entries. So a memory
 //! record (always scoped) reaches no other trajectory, task or plugin query.
 
-use cairn_plugin_sdk::bank::{BankQuery, EntryStatus, Retrieved};
+use cairn_plugin_sdk::bank::{fts5_any, query_terms, BankQuery, EntryStatus, Retrieved};
 use rusqlite::types::Value;
 
 use super::row::{entry_from_row, COLUMN_COUNT};
@@ -41,34 +42,6 @@ const COLUMN_WEIGHTS: &str = "1.0, 2.0";
 /// Statuses a query with an empty `statuses` list returns.
 const DEFAULT_STATUSES: [EntryStatus; 2] = [EntryStatus::Active, EntryStatus::UnderTest];
 
-/// The distinct terms of a query text, in order of first appearance: maximal runs of
-/// alphanumeric characters, lower-cased, at most [`MAX_QUERY_TERMS`].
-pub fn query_terms(text: &str) -> Vec<String> {
-    let mut terms: Vec<String> = Vec::new();
-    for word in text.split(|c: char| !c.is_alphanumeric()) {
-        if word.is_empty() {
-            continue;
-        }
-        let word = word.to_lowercase();
-        if !terms.contains(&word) {
-            terms.push(word);
-            if terms.len() == MAX_QUERY_TERMS {
-                break;
-            }
-        }
-    }
-    terms
-}
-
-/// The FTS5 `MATCH` expression of a query's terms: each a quoted string, joined by `OR`.
-fn match_expression(terms: &[String]) -> String {
-    terms
-        .iter()
-        .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
-        .collect::<Vec<_>>()
-        .join(" OR ")
-}
-
 impl Bank {
     /// The top `query.k` entries for `query`, best first, each with its score (BM25, higher
     /// is more relevant; 0 for a query without terms, which returns the newest matching
@@ -77,11 +50,11 @@ impl Bank {
         if query.k == 0 {
             return Ok(Vec::new());
         }
-        let terms = query_terms(&query.text);
+        let terms = query_terms(&query.text, MAX_QUERY_TERMS);
         let mut params = Vec::new();
         let mut filters = Vec::new();
         if !terms.is_empty() {
-            params.push(Value::Text(match_expression(&terms)));
+            params.push(Value::Text(fts5_any(&terms)));
             filters.push("entries_fts MATCH ?1".to_string());
         }
         push_in(
@@ -165,26 +138,5 @@ impl Bank {
             });
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_text_becomes_quoted_terms() {
-        let terms = query_terms("You see: a Mug-1, the mug; \"AND\" NEAR(x) ÉCLAIR 2x");
-        assert_eq!(
-            terms,
-            ["you", "see", "a", "mug", "1", "the", "and", "near", "x", "éclair", "2x"]
-        );
-        assert_eq!(
-            match_expression(&terms[..3]),
-            r#""you" OR "see" OR "a""#.to_string()
-        );
-        assert!(query_terms(" -- :: ").is_empty());
-        let long: String = (0..100).map(|i| format!("w{i} ")).collect();
-        assert_eq!(query_terms(&long).len(), MAX_QUERY_TERMS);
     }
 }

@@ -1,32 +1,54 @@
-//! The bank's SQLite schema, its version, the checks [`super::Bank::open`] makes before it
-//! writes anything (the file is SQLite, intact, and either empty or a bank of a schema version
-//! this kernel reads), and the migration of older versions. Also maps SQLite errors onto the
-//! kernel's typed errors.
+//! The bank's SQLite schema, its version and the migration of older versions, as a
+//! [`crate::sqlite::Schema`]: the shared helper opens and checks the file (SQLite, intact, and
+//! either empty or a bank of a schema version this kernel reads) and maps SQLite errors onto
+//! the kernel's typed errors ([`sql`]).
 //!
 //! # Versions
 //!
 //! - **1**: the first bank.
 //! - **2**: `entries.trajectory_id` (nullable `INTEGER`, indexed): the trajectory an entry is
-//!   scoped to (ECHO's memory records). [`migrate`] brings a version-1 bank up to 2 when it is
+//!   scoped to (ECHO's memory records). [`TO_2`] brings a version-1 bank up to 2 when it is
 //!   opened for writing (or restored into a live bank): it adds the column, scopes each
 //!   existing `memory_record` entry that names exactly one source trajectory to that
 //!   trajectory, and retires any other `memory_record` entry (no trajectory to scope it to, so
 //!   it must not reach other trajectories' queries); nothing else changes. A read-only opening
 //!   (`cairn bank`) never migrates: it reads a version-1 file as it is, every entry unscoped.
 
-use std::io::Read;
 use std::path::Path;
 
-use rusqlite::{Connection, ErrorCode};
-
-use crate::error::{Error, Result};
+use crate::error::Error;
+use crate::sqlite::{Migration, Schema, Store};
 
 /// Version of the schema below, stored in `meta.schema_version`. Bump it with any change to
-/// the tables, and teach [`check_bank`] to refuse (or [`migrate`]) the older versions.
+/// the tables, with a [`Migration`] to it in [`BANK`].
 pub const SCHEMA_VERSION: u32 = 2;
 
-/// The oldest schema version [`migrate`] brings up to [`SCHEMA_VERSION`].
+/// The oldest schema version the migrations bring up to [`SCHEMA_VERSION`].
 pub const OLDEST_READABLE: u32 = 1;
+
+/// The bank's file: its tables, its version in `meta.schema_version`, its migrations, and the
+/// integrity check at every open (a bank is small).
+pub const BANK: Schema = Schema {
+    store: Store::Bank,
+    version_key: "schema_version",
+    version: SCHEMA_VERSION,
+    tables: SCHEMA,
+    migrations: &[TO_2],
+    quick_check: true,
+};
+
+/// Version 1 → 2: the `trajectory_id` column and its index; each `memory_record` naming
+/// exactly one source trajectory is scoped to it, any other is retired.
+pub const TO_2: Migration = Migration {
+    to: 2,
+    doing: "migrating the bank to schema version 2",
+    sql: "ALTER TABLE entries ADD COLUMN trajectory_id INTEGER;
+          CREATE INDEX entries_trajectory ON entries(trajectory_id);
+          UPDATE entries SET trajectory_id = json_extract(source_trajectories, '$[0]')
+              WHERE kind = 'memory_record' AND json_array_length(source_trajectories) = 1;
+          UPDATE entries SET status = 'retired'
+              WHERE kind = 'memory_record' AND trajectory_id IS NULL;",
+};
 
 /// The tables. Ids are `AUTOINCREMENT` so a retired-then-deleted id is never reused (entries
 /// are only retired today, but lineage and provenance refer to ids). Counters are `INTEGER`
@@ -89,159 +111,22 @@ CREATE TRIGGER entries_fts_update AFTER UPDATE OF text, trigger_pattern ON entri
 END;
 ";
 
-/// The first 16 bytes of every SQLite 3 database file.
-const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
-
-/// What [`check_bank`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Found {
-    /// No tables at all: a new (or zero-length) file, to be given the schema.
-    Empty,
-    /// A bank of this schema version ([`OLDEST_READABLE`] ..= [`SCHEMA_VERSION`]).
-    Bank(u32),
-}
-
-/// Refuses a non-empty file that does not start with SQLite's magic header, before SQLite
-/// opens it: SQLite would refuse it too, but only at the first read, and this way nothing but
-/// a read ever touches a foreign file. A missing or zero-length file passes (a new bank).
-pub fn check_header(path: &Path) -> Result<()> {
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let mut head = Vec::with_capacity(SQLITE_MAGIC.len());
-    (&mut file)
-        .take(SQLITE_MAGIC.len() as u64)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(path, e))?;
-    if head.is_empty() || head == SQLITE_MAGIC {
-        Ok(())
-    } else {
-        Err(Error::BankCorrupt {
-            path: path.to_path_buf(),
-            detail: "not an SQLite database: its first bytes are not the SQLite header".into(),
-        })
-    }
-}
-
-/// Checks an open database read-only: intact (`PRAGMA quick_check`), and either empty or a
-/// bank of a schema version this kernel reads (older ones are migrated by [`migrate`]).
-pub fn check_bank(conn: &Connection, path: &Path) -> Result<Found> {
-    let verdict: String = conn
-        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
-        .map_err(sql(path, "checking the file"))?;
-    if verdict != "ok" {
-        return Err(Error::BankCorrupt {
-            path: path.to_path_buf(),
-            detail: format!("SQLite integrity check: {verdict}"),
-        });
-    }
-    let tables: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql(path, "reading the schema"))?;
-    if tables == 0 {
-        return Ok(Found::Empty);
-    }
-    let has_meta: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'meta'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql(path, "reading the schema"))?;
-    if has_meta == 0 {
-        return Err(Error::BankCorrupt {
-            path: path.to_path_buf(),
-            detail: "an SQLite database, but not a Cairn experience bank (no `meta` table)".into(),
-        });
-    }
-    let found: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'schema_version'",
-            [],
-            |r| r.get(0),
-        )
-        .map(Some)
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })
-        .map_err(sql(path, "reading the schema version"))?;
-    match found.as_deref().map(str::parse::<u32>) {
-        Some(Ok(v)) if (OLDEST_READABLE..=SCHEMA_VERSION).contains(&v) => Ok(Found::Bank(v)),
-        _ => Err(Error::BankSchema {
-            path: path.to_path_buf(),
-            found: found.unwrap_or_else(|| "(none)".into()),
-            expected: SCHEMA_VERSION,
-        }),
-    }
-}
-
-/// Creates the schema in an empty database (inside the caller's transaction).
-pub fn create(conn: &Connection, path: &Path) -> Result<()> {
-    conn.execute_batch(SCHEMA)
-        .map_err(sql(path, "creating the schema"))?;
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('schema_version', ?1), ('created_by', ?2)",
-        (
-            SCHEMA_VERSION.to_string(),
-            concat!("cairn-kernel ", env!("CARGO_PKG_VERSION")),
-        ),
-    )
-    .map_err(sql(path, "creating the schema"))?;
-    Ok(())
-}
-
-/// Brings a bank of schema version `from` up to [`SCHEMA_VERSION`] (inside the caller's
-/// transaction; see the module docs for what each step does). A bank already at the current
-/// version is left alone.
-pub fn migrate(conn: &Connection, path: &Path, from: u32) -> Result<()> {
-    if from < 2 {
-        conn.execute_batch(
-            "ALTER TABLE entries ADD COLUMN trajectory_id INTEGER;
-             CREATE INDEX entries_trajectory ON entries(trajectory_id);
-             UPDATE entries SET trajectory_id = json_extract(source_trajectories, '$[0]')
-                 WHERE kind = 'memory_record' AND json_array_length(source_trajectories) = 1;
-             UPDATE entries SET status = 'retired'
-                 WHERE kind = 'memory_record' AND trajectory_id IS NULL;",
-        )
-        .map_err(sql(path, "migrating the bank to schema version 2"))?;
-    }
-    if from < SCHEMA_VERSION {
-        conn.execute(
-            "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
-            [SCHEMA_VERSION.to_string()],
-        )
-        .map_err(sql(path, "migrating the bank"))?;
-    }
-    Ok(())
-}
-
 /// Maps an SQLite error to the kernel's: busy/locked → [`Error::BankLocked`], not-a-database
 /// or corrupt → [`Error::BankCorrupt`], anything else → [`Error::Bank`] saying what the bank
 /// was `doing`.
 pub fn sql<'a>(path: &'a Path, doing: &'static str) -> impl Fn(rusqlite::Error) -> Error + 'a {
-    move |e| {
-        let code = e.sqlite_error_code();
-        match code {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::BankLocked {
-                path: path.to_path_buf(),
-                detail: e.to_string(),
-            },
-            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => Error::BankCorrupt {
-                path: path.to_path_buf(),
-                detail: e.to_string(),
-            },
-            _ => Error::Bank {
-                path: path.to_path_buf(),
-                doing,
-                detail: e.to_string(),
-            },
-        }
+    Store::Bank.sql(path, doing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_migrations_reach_the_current_version_from_the_oldest_readable() {
+        assert_eq!(BANK.oldest_readable(), OLDEST_READABLE);
+        let steps: Vec<u32> = BANK.migrations.iter().map(|m| m.to).collect();
+        let expected: Vec<u32> = (OLDEST_READABLE + 1..=SCHEMA_VERSION).collect();
+        assert_eq!(steps, expected);
     }
 }

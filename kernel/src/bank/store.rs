@@ -9,10 +9,10 @@ use cairn_plugin_sdk::bank::{
     BankEntry, EntryKind, EntryStats, EntryStatus, NewEntry, Provenance, StatsUpdate,
 };
 use rusqlite::types::Value;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use super::row::{entry_from_row, json, to_i64, COLUMNS, COLUMNS_V1};
-use super::schema::{self, sql, Found};
+use super::schema::{sql, BANK, SCHEMA_VERSION};
 use crate::error::{Error, Result};
 
 /// How long a write waits for another connection's lock before failing with
@@ -41,7 +41,7 @@ pub struct Bank {
     conn: Connection,
     /// The database file, named in every error (`:memory:` for an in-memory bank).
     path: PathBuf,
-    /// The file's schema version: [`schema::SCHEMA_VERSION`] for every bank that can be
+    /// The file's schema version: [`SCHEMA_VERSION`] for every bank that can be
     /// written (older ones are migrated at open), possibly older for a read-only one.
     schema: u32,
 }
@@ -61,103 +61,41 @@ impl Bank {
 
     /// Opens the bank at `path`, waiting up to `busy_timeout` for another connection's lock.
     ///
-    /// Before anything is written the file is checked: not SQLite, damaged, another program's
-    /// database → [`Error::BankCorrupt`]; another schema version → [`Error::BankSchema`];
+    /// Before anything is written the file is checked (by the stores' shared SQLite helper,
+    /// `kernel/src/sqlite.rs`): not SQLite, damaged, another program's database →
+    /// [`Error::BankCorrupt`]; a newer or unknown schema version → [`Error::BankSchema`];
     /// write-locked by another connection → [`Error::BankLocked`]. In each case the file is
     /// left byte for byte as it was. Then it is put in WAL mode (readers such as
     /// `cairn bank list` never block the writer) with `synchronous = NORMAL`: a killed process
     /// loses no committed write, and a power cut loses at most the last commits, which a
-    /// resume replaces with its checkpoint's snapshot anyway.
+    /// resume replaces with its checkpoint's snapshot anyway. An older schema version is then
+    /// migrated, in the transaction that takes the write lock.
     pub fn open_with(path: &Path, busy_timeout: Duration) -> Result<Bank> {
-        schema::check_header(path)?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(sql(path, "opening"))?;
-        conn.busy_timeout(busy_timeout)
-            .map_err(sql(path, "opening"))?;
-        let mut bank = Bank {
-            conn,
+        Ok(Bank {
+            conn: BANK.open(path, busy_timeout)?,
             path: path.to_path_buf(),
-            schema: schema::SCHEMA_VERSION,
-        };
-        let found = schema::check_bank(&bank.conn, path)?;
-        bank.configure()?;
-        // Taking the write lock here (even with nothing to create) makes a bank that another
-        // process is writing fail at open, before any compute, instead of at the first put.
-        let tx = bank
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql(path, "taking the write lock"))?;
-        match found {
-            Found::Empty => schema::create(&tx, path)?,
-            Found::Bank(version) => schema::migrate(&tx, path, version)?,
-        }
-        tx.commit().map_err(sql(path, "creating the schema"))?;
-        Ok(bank)
+            schema: SCHEMA_VERSION,
+        })
     }
 
     /// Opens an existing bank for reading only (`cairn bank`); refuses a missing file rather
     /// than creating one. An older schema version is read as it is, never migrated.
     pub fn open_read_only(path: &Path) -> Result<Bank> {
-        if let Err(error) = std::fs::metadata(path) {
-            return Err(Error::FileNotFound {
-                path: path.to_path_buf(),
-                error,
-            });
-        }
-        schema::check_header(path)?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(sql(path, "opening"))?;
-        conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
-            .map_err(sql(path, "opening"))?;
-        let Found::Bank(version) = schema::check_bank(&conn, path)? else {
-            return Err(Error::BankCorrupt {
-                path: path.to_path_buf(),
-                detail: "an empty file, not a bank".into(),
-            });
-        };
+        let (conn, schema) = BANK.open_read_only(path, DEFAULT_BUSY_TIMEOUT)?;
         Ok(Bank {
             conn,
             path: path.to_path_buf(),
-            schema: version,
+            schema,
         })
     }
 
     /// A bank that lives in memory only (evaluation, benchmarks, tests).
     pub fn in_memory() -> Result<Bank> {
-        let path = PathBuf::from(":memory:");
-        let conn = Connection::open_in_memory().map_err(sql(&path, "opening"))?;
-        let mut bank = Bank {
-            conn,
-            path,
-            schema: schema::SCHEMA_VERSION,
-        };
-        let tx = bank
-            .conn
-            .transaction()
-            .map_err(sql(&bank.path, "creating the schema"))?;
-        schema::create(&tx, &bank.path)?;
-        tx.commit()
-            .map_err(sql(&bank.path, "creating the schema"))?;
-        Ok(bank)
-    }
-
-    fn configure(&self) -> Result<()> {
-        let mode: String = self
-            .conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(sql(&self.path, "switching to WAL mode"))?;
-        if mode != "wal" {
-            return Err(Error::Bank {
-                path: self.path.clone(),
-                doing: "switching to WAL mode",
-                detail: format!("SQLite kept journal mode `{mode}`"),
-            });
-        }
-        self.conn
-            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
-            .map_err(sql(&self.path, "opening"))
+        Ok(Bank {
+            conn: BANK.open_in_memory()?,
+            path: PathBuf::from(":memory:"),
+            schema: SCHEMA_VERSION,
+        })
     }
 
     /// The database file (`:memory:` for an in-memory bank).
@@ -554,21 +492,21 @@ impl Bank {
                 .map_err(sql(&self.path, "restoring a snapshot"))?;
         }
         if self.path != Path::new(":memory:") {
-            self.configure()?;
+            BANK.configure(&self.conn, &self.path)?;
         }
         // A snapshot of an older schema (a checkpoint written before an upgrade) is migrated
         // in the live bank; the snapshot file itself is never written.
         self.schema = version;
-        if version < schema::SCHEMA_VERSION {
+        if version < SCHEMA_VERSION {
             let live = self.path.clone();
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(sql(&live, "migrating a restored snapshot"))?;
-            schema::migrate(&tx, &live, version)?;
+            BANK.migrate(&tx, &live, version)?;
             tx.commit()
                 .map_err(sql(&live, "migrating a restored snapshot"))?;
-            self.schema = schema::SCHEMA_VERSION;
+            self.schema = SCHEMA_VERSION;
         }
         Ok(())
     }

@@ -318,6 +318,22 @@ fn bm25_ranks_a_fixed_corpus() {
     assert_eq!(ranked(&bank, &top2), [2, 3]);
 }
 
+/// Only the first [`MAX_QUERY_TERMS`] distinct terms of a query are matched (a repeated term
+/// counts once), so a long observation costs a bounded query.
+#[test]
+fn a_query_matches_its_first_distinct_terms_only() {
+    let mut bank = Bank::in_memory().unwrap();
+    put_texts(&mut bank, &["zebra crossing"]);
+    let filler = |n: usize| -> String { (0..n).map(|i| format!("w{i} ")).collect() };
+    let last_kept = format!("{} w0 zebra", filler(MAX_QUERY_TERMS - 1));
+    assert_eq!(ranked(&bank, &text_query(&last_kept)), [1]);
+    let first_dropped = format!("{} zebra", filler(MAX_QUERY_TERMS));
+    assert_eq!(
+        ranked(&bank, &text_query(&first_dropped)),
+        Vec::<u64>::new()
+    );
+}
+
 #[test]
 fn a_trigger_match_outranks_the_same_word_in_text() {
     let mut bank = Bank::in_memory().unwrap();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use cairn_plugin_sdk::{ContextVariant, FinishReason, TurnRow};
 use rusqlite::types::Value;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row};
+use rusqlite::{Connection, OptionalExtension, Row};
 use serde::Serialize;
 
 use super::schema::{self, blob_f32, blob_ids, sql, TurnText};
@@ -132,33 +132,7 @@ impl PoolReader {
 
     /// Opens the pool file at `path` read-only.
     pub fn open(path: &Path) -> Result<PoolReader> {
-        if let Err(error) = std::fs::metadata(path) {
-            return Err(Error::FileNotFound {
-                path: path.to_path_buf(),
-                error,
-            });
-        }
-        schema::check_header(path)?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_URI;
-        let uri = format!(
-            "file:{}?mode=ro",
-            path.to_string_lossy()
-                .replace('%', "%25")
-                .replace('?', "%3f")
-                .replace('#', "%23")
-        );
-        let conn = Connection::open_with_flags(uri, flags).map_err(sql(path, "opening"))?;
-        conn.busy_timeout(super::store::BUSY_TIMEOUT)
-            .map_err(sql(path, "opening"))?;
-        if schema::check_pool(&conn, path)? {
-            return Err(Error::Pool {
-                path: path.to_path_buf(),
-                doing: "opening",
-                detail: "an empty file, not a data pool".into(),
-            });
-        }
+        let (conn, _version) = schema::POOL.open_read_only(path, super::store::BUSY_TIMEOUT)?;
         Ok(PoolReader {
             conn,
             path: path.to_path_buf(),

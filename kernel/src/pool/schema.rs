@@ -1,17 +1,19 @@
-//! The pool's SQLite schema, its version, the checks made before a pool is used, the
-//! codecs (arrays as little-endian BLOBs, an episode's turn texts as zlib-compressed JSON) and
-//! the mapping of SQLite errors onto the kernel's.
+//! The pool's SQLite schema and its version (as a [`crate::sqlite::Schema`]: the stores'
+//! shared helper opens and checks the file), the codecs (arrays as little-endian BLOBs, an
+//! episode's turn texts as zlib-compressed JSON) and the mapping of SQLite errors onto the
+//! kernel's.
 
 use std::borrow::Cow;
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::sqlite::{Schema, Store};
 
-/// Version of the schema below, stored in `meta.schema_version`. Bump it with any change to
-/// the tables; a pool of another version is refused at open ([`Error::PoolSchema`]).
+/// Version of the schema below, stored in `meta.pool_schema_version`. Bump it with any change to
+/// the tables, with a migration to it in [`POOL`]; a pool of a newer version is refused at
+/// open ([`Error::PoolSchema`]).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// The tables (see the module documentation of [`super`] for what each column holds).
@@ -95,107 +97,21 @@ CREATE TABLE exclusions (
 );
 ";
 
-/// The first 16 bytes of every SQLite 3 database file.
-const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
-
-/// Refuses a non-empty file that does not start with SQLite's header, before SQLite opens it
-/// (so nothing but a read ever touches a foreign file). A missing or empty file passes.
-pub fn check_header(path: &Path) -> Result<()> {
-    use std::io::Read;
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let mut head = Vec::with_capacity(16);
-    (&mut file)
-        .take(16)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(path, e))?;
-    if head.is_empty() || head == SQLITE_MAGIC {
-        Ok(())
-    } else {
-        Err(Error::Pool {
-            path: path.to_path_buf(),
-            doing: "opening",
-            detail: "not an SQLite database (its first bytes are not the SQLite header); the \
-                     file was left as it is: move it aside and the next run starts an empty pool"
-                .into(),
-        })
-    }
-}
-
-/// Whether the database is empty (`true`: give it the schema) or a pool of this version
-/// (`false`); anything else is an error naming the file.
-pub fn check_pool(conn: &Connection, path: &Path) -> Result<bool> {
-    let tables: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql(path, "reading the schema"))?;
-    if tables == 0 {
-        return Ok(true);
-    }
-    let has_meta: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'meta'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql(path, "reading the schema"))?;
-    let found: Option<String> = if has_meta == 0 {
-        None
-    } else {
-        conn.query_row(
-            "SELECT value FROM meta WHERE key = 'pool_schema_version'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(sql(path, "reading the schema version"))?
-    };
-    match found {
-        Some(v) if v == SCHEMA_VERSION.to_string() => Ok(false),
-        Some(v) => Err(Error::PoolSchema {
-            path: path.to_path_buf(),
-            found: v,
-            expected: SCHEMA_VERSION,
-        }),
-        None => Err(Error::Pool {
-            path: path.to_path_buf(),
-            doing: "opening",
-            detail: "an SQLite database, but not a Cairn data pool (no pool schema version); \
-                     the file was left as it is: move it aside and the next run starts an \
-                     empty pool"
-                .into(),
-        }),
-    }
-}
-
-/// Creates the schema in an empty database (inside the caller's transaction).
-pub fn create(conn: &Connection, path: &Path) -> Result<()> {
-    conn.execute_batch(SCHEMA)
-        .map_err(sql(path, "creating the schema"))?;
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('pool_schema_version', ?1), ('created_by', ?2)",
-        (
-            SCHEMA_VERSION.to_string(),
-            concat!("cairn-kernel ", env!("CARGO_PKG_VERSION")),
-        ),
-    )
-    .map_err(sql(path, "creating the schema"))?;
-    Ok(())
-}
+/// The pool's file: its tables and its version in `meta.pool_schema_version` (no older
+/// version exists, so no migration yet), checked at open without `PRAGMA quick_check`, which
+/// would read the whole file, and a pool grows by every step's tokens.
+pub const POOL: Schema = Schema {
+    store: Store::Pool,
+    version_key: "pool_schema_version",
+    version: SCHEMA_VERSION,
+    tables: SCHEMA,
+    migrations: &[],
+    quick_check: false,
+};
 
 /// Maps an SQLite error to [`Error::Pool`], saying what the pool was `doing`.
 pub fn sql<'a>(path: &'a Path, doing: &'static str) -> impl Fn(rusqlite::Error) -> Error + 'a {
-    move |e| Error::Pool {
-        path: path.to_path_buf(),
-        doing,
-        detail: e.to_string(),
-    }
+    Store::Pool.sql(path, doing)
 }
 
 /// `u32` ids as a little-endian BLOB (4 bytes each).

@@ -4,9 +4,9 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::schema::{self, f32_blob, ids_blob, sql, texts_blob, to_i64, TurnText};
+use super::schema::{f32_blob, ids_blob, sql, texts_blob, to_i64, TurnText, POOL};
 use super::{EpisodeWrite, Exclusion, ExclusionTarget, Exclusions, StepWrite};
 use crate::error::{Error, Result};
 
@@ -30,28 +30,18 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Opens the pool at `path`, creating the file and the schema when it is absent or empty.
     ///
-    /// A file that is not SQLite, another program's database, or a pool of another schema
-    /// version is refused ([`Error::Pool`], [`Error::PoolSchema`]) and left as it is. WAL mode
-    /// (readers never block the writer), `synchronous = NORMAL` (a killed process loses no
-    /// committed step), foreign keys on (deleting an episode deletes its turns).
+    /// A file that is not SQLite, another program's database, or a pool of a newer schema
+    /// version is refused ([`Error::Pool`], [`Error::PoolSchema`]) and left as it is (the
+    /// stores' shared SQLite helper, `kernel/src/sqlite.rs`, checks it before anything is
+    /// written). WAL mode (readers never block the writer), `synchronous = NORMAL` (a killed
+    /// process loses no committed step), foreign keys on (deleting an episode deletes its
+    /// turns). The write lock is taken once at open (waiting up to [`BUSY_TIMEOUT`] for another
+    /// writer), so a pool another process holds fails here rather than at the first step.
     pub fn open(path: &Path) -> Result<Pool> {
-        schema::check_header(path)?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(sql(path, "opening"))?;
-        let mut pool = Pool {
-            conn,
+        Ok(Pool {
+            conn: POOL.open(path, BUSY_TIMEOUT)?,
             path: path.to_path_buf(),
-        };
-        pool.configure()?;
-        let empty = schema::check_pool(&pool.conn, path)?;
-        if empty {
-            let tx = pool.begin("creating the schema")?;
-            schema::create(&tx, path)?;
-            tx.commit().map_err(sql(path, "creating the schema"))?;
-        }
-        Ok(pool)
+        })
     }
 
     /// Opens an existing pool for curation (`cairn pool exclude`): refuses a missing file
@@ -71,37 +61,10 @@ impl Pool {
 
     /// A pool in memory only (`cairn eval`, benchmarks, tests).
     pub fn in_memory() -> Result<Pool> {
-        let path = PathBuf::from(":memory:");
-        let conn = Connection::open_in_memory().map_err(sql(&path, "opening"))?;
-        let mut pool = Pool { conn, path };
-        pool.conn
-            .execute_batch("PRAGMA foreign_keys = ON;")
-            .map_err(sql(&pool.path, "opening"))?;
-        let tx = pool.begin("creating the schema")?;
-        schema::create(&tx, Path::new(":memory:"))?;
-        tx.commit()
-            .map_err(sql(Path::new(":memory:"), "creating the schema"))?;
-        Ok(pool)
-    }
-
-    fn configure(&self) -> Result<()> {
-        self.conn
-            .busy_timeout(BUSY_TIMEOUT)
-            .map_err(sql(&self.path, "opening"))?;
-        let mode: String = self
-            .conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(sql(&self.path, "switching to WAL mode"))?;
-        if mode != "wal" {
-            return Err(Error::Pool {
-                path: self.path.clone(),
-                doing: "switching to WAL mode",
-                detail: format!("SQLite kept journal mode `{mode}`"),
-            });
-        }
-        self.conn
-            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
-            .map_err(sql(&self.path, "opening"))
+        Ok(Pool {
+            conn: POOL.open_in_memory()?,
+            path: PathBuf::from(":memory:"),
+        })
     }
 
     fn begin(&mut self, doing: &'static str) -> Result<Transaction<'_>> {

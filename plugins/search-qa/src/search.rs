@@ -29,6 +29,7 @@
 
 use std::sync::Mutex;
 
+use cairn_plugin_sdk::bank;
 use rusqlite::Connection;
 
 use crate::corpus::Corpus;
@@ -68,33 +69,20 @@ impl std::fmt::Debug for Index {
 }
 
 /// The distinct terms of a query text, in order: maximal runs of alphanumeric characters,
-/// lower-cased, at most [`MAX_QUERY_TERMS`].
+/// lower-cased, at most [`MAX_QUERY_TERMS`] (the SDK's [`bank::query_terms`], which the
+/// kernel's experience bank cuts its queries with too).
 pub fn query_terms(text: &str) -> Vec<String> {
-    let mut terms: Vec<String> = Vec::new();
-    for word in text.split(|c: char| !c.is_alphanumeric()) {
-        if word.is_empty() {
-            continue;
-        }
-        let word = word.to_lowercase();
-        if !terms.contains(&word) {
-            terms.push(word);
-            if terms.len() == MAX_QUERY_TERMS {
-                break;
-            }
-        }
-    }
-    terms
+    bank::query_terms(text, MAX_QUERY_TERMS)
 }
 
 /// The FTS5 `MATCH` expression: the phrase of all terms (when more than one) `OR` each term.
 pub fn match_expression(terms: &[String]) -> String {
-    let quote = |t: &str| format!("\"{}\"", t.replace('"', "\"\""));
-    let mut parts = Vec::new();
+    let each = bank::fts5_any(terms);
     if terms.len() > 1 {
-        parts.push(quote(&terms.join(" ")));
+        format!("{} OR {each}", bank::fts5_any(&[terms.join(" ")]))
+    } else {
+        each
     }
-    parts.extend(terms.iter().map(|t| quote(t)));
-    parts.join(" OR ")
 }
 
 impl Index {
