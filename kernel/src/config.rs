@@ -123,9 +123,14 @@ impl<'de> Deserialize<'de> for SourceConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         use serde::de::Error as _;
         let mut table = toml::Table::deserialize(d)?;
-        let kind = table
-            .remove("kind")
-            .ok_or_else(|| D::Error::missing_field("kind"))?;
+        let kind = table.remove("kind").ok_or_else(|| {
+            D::Error::custom(
+                "key `source.kind`: missing; a `[source]` table starts with `kind = \
+                 \"environment\"` (the `[environment]` plugin plays the episodes; no other \
+                 key) or `kind = \"gateway\"` (serve the policy to an outside harness; the \
+                 keys of docs/gateway.md, such as `api_key_env`, need it)",
+            )
+        })?;
         match kind.as_str() {
             Some("environment") => match table.keys().next() {
                 Some(key) => Err(D::Error::custom(format!(
@@ -1455,6 +1460,18 @@ pub(crate) mod tests {
         assert!(e.contains("`source.bind`"), "{e}");
         let text = format!("{MINIMAL}\n[source]\nkind = \"environment\"\n");
         assert!(PipelineConfig::parse(&text, "p.toml").is_ok());
+        // A `[source]` without `kind` (keys copied from docs/gateway.md) names the key and
+        // both values, not serde's bare "missing field".
+        let text = format!("{MINIMAL}\n[source]\napi_key_env = \"CAIRN_API_KEY\"\n");
+        let e = PipelineConfig::parse(&text, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`source.kind`: missing")
+                && e.contains("\"environment\"")
+                && e.contains("\"gateway\""),
+            "{e}"
+        );
     }
 
     /// A temperature so small that the divided logits overflow is refused by its key.

@@ -366,7 +366,8 @@ mod with_torch {
                         let policy = pipeline.policy.clone().recipient();
                         let started =
                             crate::serve::start(&config, g, &tokenizer, policy, true, &g.bind)?;
-                        pipeline.attach_gateway(started.link.clone(), config.rollout.tasks_per_step);
+                        pipeline
+                            .attach_gateway(started.link.clone(), config.rollout.tasks_per_step);
                         Some(started)
                     }
                     None => None,

@@ -14,6 +14,7 @@ mod commands;
 #[cfg(feature = "torch")]
 mod engine;
 mod import;
+mod jsonl;
 mod output;
 mod plot;
 mod pool_cmd;
@@ -189,6 +190,15 @@ enum Command {
         /// `rollout.engine.weights_dir` (default `<run.dir>/engine`). Repeat for several.
         #[arg(long = "weight-root", value_name = "DIR")]
         weight_roots: Vec<PathBuf>,
+        /// An environment variable holding the API key every route needs (`Authorization:
+        /// Bearer KEY`); instead of `source.api_key_env`, so any config can be served off
+        /// loopback (docs/gateway.md, "Security").
+        #[arg(long, value_name = "NAME")]
+        api_key_env: Option<String>,
+        /// An environment variable holding the control key (weight loading, episodes);
+        /// instead of `source.control_key_env`.
+        #[arg(long, value_name = "NAME")]
+        control_key_env: Option<String>,
     },
     /// Serve the dashboard of a run directory, or of a directory of runs: curves updating
     /// live, episodes token by token, the groups of a step, the bank (docs/dashboard.md).
@@ -343,6 +353,8 @@ fn main() -> ExitCode {
             append,
             ui,
             weight_roots,
+            api_key_env,
+            control_key_env,
         } => serve::serve(
             &config,
             bind,
@@ -351,6 +363,10 @@ fn main() -> ExitCode {
             record.map(|path| serve::Record { path, append }),
             ui,
             weight_roots,
+            serve::access::KeyFlags {
+                api_key_env,
+                control_key_env,
+            },
         ),
         #[cfg(feature = "torch")]
         Command::Ui {

@@ -9,7 +9,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::output::{Existing, Output};
 
@@ -42,18 +42,25 @@ struct Series {
     evals: Vec<(f64, f64, String)>,
 }
 
-fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1))
-        })
-        .collect()
+/// The objects of the JSON-lines file `path` (none if it is missing). A last line cut off
+/// mid-write (what a killed trainer can leave) is left out with a note; any other line that is
+/// not a JSON object is refused by file and line.
+fn read_jsonl(path: &Path) -> Result<Vec<Map<String, Value>>> {
+    let lines = crate::jsonl::read(path);
+    if let Some(problem) = lines.problems.first() {
+        anyhow::bail!(
+            "{problem}; every line of {} must be one JSON object: fix or delete that line",
+            path.display()
+        );
+    }
+    if let Some(n) = lines.cut_off {
+        eprintln!(
+            "note: {} line {n} is cut off (no newline, not valid JSON; a trainer killed while \
+             writing it leaves this); it is left out",
+            path.display()
+        );
+    }
+    Ok(lines.rows)
 }
 
 /// Checks that `run_dir` is a run directory (it has `metrics.jsonl` or `eval.jsonl`).
@@ -81,8 +88,7 @@ fn load(run_dir: &Path) -> Result<Series> {
         sft: Vec::new(),
         evals: Vec::new(),
     };
-    for v in read_jsonl(&run_dir.join("metrics.jsonl"))? {
-        let Value::Object(m) = v else { continue };
+    for m in read_jsonl(&run_dir.join("metrics.jsonl"))? {
         let step = m.get("step").and_then(Value::as_f64).unwrap_or(0.0);
         match m.get("phase").and_then(Value::as_str) {
             Some("rl") => s.rl.push((step, m)),

@@ -340,7 +340,8 @@ struct Inner {
     sampler: Recipient<Sample>,
     sampling: Arc<SamplingStats>,
     requests: AtomicU64,
-    /// The version of the latest sample (0 before any).
+    /// The policy version `/health` reports: the served weights' at start
+    /// ([`Gateway::with_policy_version`]), then the newest a sample ran on or a weight load set.
     version: AtomicU64,
 }
 
@@ -397,10 +398,7 @@ fn body_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     } else {
         body
     };
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid("body", format!("could not parse the request: {e}"))
-            .with_code("invalid_json")
-    })
+    request::parse_body(body)
 }
 
 impl Gateway {
@@ -423,6 +421,14 @@ impl Gateway {
                 version: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Sets the policy version `/health` reports before any sample: the version of the
+    /// weights the policy holds when the gateway starts (`cairn serve --checkpoint` of step
+    /// 376 serves version 376; every answer already says so, `/health` too from the start).
+    pub fn with_policy_version(self, version: u64) -> Gateway {
+        self.inner.version.fetch_max(version, Ordering::Relaxed);
+        self
     }
 
     pub fn store(&self) -> &Arc<Mutex<EpisodeStore>> {

@@ -191,15 +191,62 @@ struct CompletionBody {
     common: Common,
 }
 
+/// Parses a request body as `T`. A value of the wrong type is a 400 `invalid_type` whose
+/// `param` is the value's path (`temperature`, `messages`, `messages[0].content`) and whose
+/// message names it; a body that is not JSON, or not an object, is a 400 `invalid_json` on
+/// `body`. The gateway's other JSON routes (episodes, rewards, `/tokenize`, weight loading)
+/// parse their bodies here too.
+pub(crate) fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(value) => de.end().map(|()| value).map_err(|e| body_error(&e)),
+        // A field's path starts with its key; a path from an index is a body sent as an array.
+        Err(e)
+            if matches!(
+                e.path().iter().next(),
+                Some(serde_path_to_error::Segment::Map { .. })
+            ) && e.inner().is_data() =>
+        {
+            Err(type_error(&e.path().to_string(), e.inner()))
+        }
+        Err(e) => Err(body_error(e.inner())),
+    }
+}
+
+/// A wrong type at `path`: a 400 naming it.
+fn type_error(path: &str, e: &serde_json::Error) -> ApiError {
+    ApiError::invalid(
+        path,
+        format!("could not parse the request: `{path}` has the wrong type: {e}"),
+    )
+    .with_code("invalid_type")
+}
+
+/// A body that does not parse as a whole: a 400 on `body`.
+fn body_error(e: &serde_json::Error) -> ApiError {
+    let what = if e.is_data() {
+        "the body does not match the route's parameters"
+    } else {
+        "the body is not valid JSON"
+    };
+    ApiError::invalid("body", format!("could not parse the request: {what}: {e}"))
+        .with_code("invalid_json")
+}
+
+/// [`parse_body`] for the completion routes, whose shared parameters ([`Common`]) are
+/// flattened into each body: serde reads a flattened struct from a buffer, which loses the
+/// path of an error in it, so such an error is located by reading [`Common`] alone (it
+/// ignores the other keys). Only a failed parse pays for the second read.
 fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        let what = if e.is_data() {
-            "a parameter has the wrong type"
-        } else {
-            "the body is not valid JSON"
-        };
-        ApiError::invalid("body", format!("could not parse the request: {what}: {e}"))
-            .with_code("invalid_json")
+    parse_body::<T>(body).map_err(|e| {
+        if e.code.as_deref() == Some("invalid_json") {
+            if let Err(located) = parse_body::<Common>(body) {
+                if located.code.as_deref() == Some("invalid_type") {
+                    return located;
+                }
+            }
+        }
+        e
     })
 }
 
@@ -656,4 +703,89 @@ fn include_usage(c: &Common) -> bool {
         .and_then(|o| o.get("include_usage"))
         .and_then(Json::as_bool)
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `(param, code)` of parsing `body` as `T`, and its message.
+    fn refusal<'a, T: Deserialize<'a>>(
+        parse: fn(&'a [u8]) -> Result<T, ApiError>,
+        body: &'a str,
+    ) -> (String, String, String) {
+        let Err(e) = parse(body.as_bytes()) else {
+            panic!("{body}: parsed")
+        };
+        (
+            e.param.unwrap_or_default(),
+            e.code.unwrap_or_default(),
+            e.message,
+        )
+    }
+
+    /// A value of the wrong type is named by its field, also the shared parameters that serde
+    /// reads from a flattened buffer (`temperature`, `max_tokens`); bad JSON is the body's.
+    #[test]
+    fn a_wrong_type_is_named_by_its_field() {
+        for (body, param) in [
+            (
+                r#"{"model": "cairn", "messages": [], "temperature": "hot"}"#,
+                "temperature",
+            ),
+            (r#"{"model": "cairn", "messages": "hi"}"#, "messages"),
+            (
+                r#"{"model": "cairn", "messages": [], "max_tokens": 1e23}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model": "cairn", "messages": [], "cairn": {"anchor": 5}}"#,
+                "cairn.anchor",
+            ),
+        ] {
+            let (got, code, message) = refusal(parse_json::<ChatBody>, body);
+            assert_eq!(
+                (got.as_str(), code.as_str()),
+                (param, "invalid_type"),
+                "{body}"
+            );
+            assert!(
+                message.contains(&format!("`{param}` has the wrong type")),
+                "{message}"
+            );
+        }
+        let (param, code, message) = refusal(
+            parse_json::<CompletionBody>,
+            r#"{"model": "cairn", "prompt": "x", "temperature": "hot"}"#,
+        );
+        assert_eq!(
+            (param.as_str(), code.as_str()),
+            ("temperature", "invalid_type")
+        );
+        assert!(message.contains("expected f32"), "{message}");
+        for body in [
+            r#"{"model": "cairn", "messages": ["#,
+            "[1]",
+            r#"{"a": 1} x"#,
+        ] {
+            let (param, code, _) = refusal(parse_json::<ChatBody>, body);
+            assert_eq!(
+                (param.as_str(), code.as_str()),
+                ("body", "invalid_json"),
+                "{body}"
+            );
+        }
+    }
+
+    /// The episode routes' bodies (parsed by [`parse_body`] too): a reward of the wrong type
+    /// is named; a missing one is the body's.
+    #[test]
+    fn episode_bodies_name_the_field() {
+        use super::super::RewardBody;
+        let (param, code, _) = refusal(parse_body::<RewardBody>, r#"{"reward": "high"}"#);
+        assert_eq!((param.as_str(), code.as_str()), ("reward", "invalid_type"));
+        let (param, code, message) = refusal(parse_body::<RewardBody>, "{}");
+        assert_eq!((param.as_str(), code.as_str()), ("body", "invalid_json"));
+        assert!(message.contains("missing field `reward`"), "{message}");
+    }
 }

@@ -2,9 +2,10 @@
 //! body's deadline and size, and a cap on the connections of one client (docs/gateway.md,
 //! "Security").
 //!
-//! [`Access`] is built at start-up from `[source]` ([`Access::gateway`]) or from `cairn ui`'s
-//! flags ([`Access::dashboard`]); it reads the keys' environment variables and files there, and
-//! refuses to serve off loopback without a key. [`guard`] runs before every route, in this
+//! [`Access`] is built at start-up from `[source]` and `cairn serve`'s key flags
+//! ([`Access::gateway`]) or from `cairn ui`'s flags ([`Access::dashboard`]); it reads the
+//! keys' environment variables and files there, and refuses to serve off loopback without a
+//! key. [`guard`] runs before every route, in this
 //! order, answering an OpenAI-style error and running no handler when a check fails:
 //!
 //! 1. the client's connection count ([`Access::on_connect`] counts them per peer address): 429;
@@ -118,31 +119,67 @@ pub struct Access {
     connections: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
+/// `cairn serve --api-key-env NAME --control-key-env NAME`: key variables given on the
+/// command line, which take the place of `[source]`'s (so a config whose source is the
+/// environment can be served off loopback unedited).
+#[derive(Clone, Debug, Default)]
+pub struct KeyFlags {
+    pub api_key_env: Option<String>,
+    pub control_key_env: Option<String>,
+}
+
 impl Access {
-    /// The gateway's rules from `[source]`, for a server about to bind `bind` (checked before
-    /// the socket is opened; [`Access::serving_at`] then adds the bound address). Errors: a
-    /// key's variable is unset or its file unreadable, a key is too short, or an address of
-    /// `bind` is not loopback and no key is configured.
-    pub fn gateway(config: &GatewayConfig, bind: &[SocketAddr]) -> Result<Access> {
-        let source = |env: &Option<String>, file: &Option<PathBuf>| match (env, file) {
-            (Some(name), _) => Some(KeySource::Env(name.clone())),
-            (None, Some(path)) => Some(KeySource::File(path.clone())),
-            (None, None) => None,
+    /// The gateway's rules from `[source]` and `flags`, for a server about to bind `bind`
+    /// (checked before the socket is opened; [`Access::serving_at`] then adds the bound
+    /// address). Errors: a key's variable is unset or its file unreadable, a key is too short,
+    /// or an address of `bind` is not loopback and no key is configured.
+    pub fn gateway(
+        config: &GatewayConfig,
+        flags: &KeyFlags,
+        bind: &[SocketAddr],
+    ) -> Result<Access> {
+        let source = |flag: &Option<String>,
+                      flag_name: &'static str,
+                      env: &Option<String>,
+                      file: &Option<PathBuf>,
+                      setting: &'static str| {
+            match (flag, env, file) {
+                (Some(name), _, _) => Some((KeySource::Env(name.clone()), flag_name)),
+                (None, Some(name), _) => Some((KeySource::Env(name.clone()), setting)),
+                (None, None, Some(path)) => Some((KeySource::File(path.clone()), setting)),
+                (None, None, None) => None,
+            }
         };
-        let api = source(&config.api_key_env, &config.api_key_file)
-            .map(|s| load_key(&s, "[source] api_key_env / api_key_file"))
-            .transpose()?;
-        let control = source(&config.control_key_env, &config.control_key_file)
-            .map(|s| load_key(&s, "[source] control_key_env / control_key_file"))
-            .transpose()?;
+        let api = source(
+            &flags.api_key_env,
+            "--api-key-env",
+            &config.api_key_env,
+            &config.api_key_file,
+            "[source] api_key_env / api_key_file",
+        )
+        .map(|(s, setting)| load_key(&s, setting))
+        .transpose()?;
+        let control = source(
+            &flags.control_key_env,
+            "--control-key-env",
+            &config.control_key_env,
+            &config.control_key_file,
+            "[source] control_key_env / control_key_file",
+        )
+        .map(|(s, setting)| load_key(&s, setting))
+        .transpose()?;
         let open = bind.iter().find(|a| !a.ip().is_loopback());
         if let Some(addr) = open.filter(|_| api.is_none() && control.is_none()) {
             anyhow::bail!(
                 "gateway: refusing to serve on {addr} without an API key: it is not a loopback \
                  address, so anyone who can reach the port could sample, post rewards and load \
-                 weights. Set `api_key_env = \"CAIRN_API_KEY\"` and `control_key_env = \
-                 \"CAIRN_CONTROL_KEY\"` in [source] and export both (e.g. `export \
-                 CAIRN_API_KEY=$(openssl rand -hex 32)`), or bind 127.0.0.1 (`--bind \
+                 weights. Export two keys (`export CAIRN_API_KEY=$(openssl rand -hex 32) \
+                 CAIRN_CONTROL_KEY=$(openssl rand -hex 32)`) and name them: `cairn serve ... \
+                 --api-key-env CAIRN_API_KEY --control-key-env CAIRN_CONTROL_KEY` (any \
+                 config), or in a gateway source (`cairn train`, or `cairn serve` of such a \
+                 config): `[source]` with `kind = \"gateway\"`, `api_key_env = \
+                 \"CAIRN_API_KEY\"` and `control_key_env = \"CAIRN_CONTROL_KEY\"` \
+                 (docs/gateway.md, \"Security\"). Or bind 127.0.0.1 (`--bind \
                  127.0.0.1:PORT`, `source.bind`)"
             );
         }

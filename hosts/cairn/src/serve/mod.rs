@@ -82,13 +82,24 @@ pub fn start(
         policy,
         training,
         bind,
-        None,
-        None,
+        Serving::default(),
     )
 }
 
-/// [`start`], and with `dashboard_root` the dashboard of the runs under it beside the gateway,
-/// under `/ui/` (`cairn serve --ui`).
+/// What `cairn serve` adds to a gateway that [`start`] (`cairn train`) does not.
+#[derive(Default)]
+struct Serving<'a> {
+    /// The dashboard of the runs under this directory beside the gateway, under `/ui/`.
+    dashboard_root: Option<&'a Path>,
+    /// `POST /update_weights_from_disk`: the policy's loader and the directories it may load.
+    weights: Option<(Recipient<LoadWeights>, Vec<PathBuf>)>,
+    /// `--api-key-env` / `--control-key-env`.
+    keys: access::KeyFlags,
+    /// The version of the weights the policy holds at start (a checkpoint's step).
+    policy_version: u64,
+}
+
+/// [`start`], with what `cairn serve` adds ([`Serving`]).
 fn start_serving(
     config: &PipelineConfig,
     gateway_config: &GatewayConfig,
@@ -96,9 +107,14 @@ fn start_serving(
     policy: Recipient<GenerateStream>,
     training: bool,
     bind: &str,
-    dashboard_root: Option<&Path>,
-    weights: Option<(Recipient<LoadWeights>, Vec<PathBuf>)>,
+    serving: Serving<'_>,
 ) -> Result<Started> {
+    let Serving {
+        dashboard_root,
+        weights,
+        keys,
+        policy_version,
+    } = serving;
     let format = ChatFormat::from_tokenizer(tokenizer.clone())
         .context("the gateway renders prompts with the model's chat template")?;
     let r = &config.rollout;
@@ -134,12 +150,13 @@ fn start_serving(
         store,
         sampler.clone().recipient(),
         sampling,
-    );
+    )
+    .with_policy_version(policy_version);
     // Refused before the socket opens when off loopback without a key.
     let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(bind)
         .with_context(|| format!("gateway: resolving {bind}"))?
         .collect();
-    let access = access::Access::gateway(gateway_config, &addrs)?;
+    let access = access::Access::gateway(gateway_config, &keys, &addrs)?;
     let listener =
         TcpListener::bind(&addrs[..]).with_context(|| format!("gateway: binding {bind}"))?;
     let addr = listener.local_addr()?;
@@ -214,7 +231,10 @@ fn start_serving(
 /// JSON lines. A signal stops the gateway in its shutdown order ([`Started::shutdown`]: the
 /// requests in flight are answered, streams included, later ones get a 503 or a refused
 /// connection), writes the episodes that finished meanwhile, and exits 0; a second signal
-/// exits at once (status 130). `weight_roots` (`--weight-root`) add to `source.weight_roots`.
+/// exits at once (status 130). `weight_roots` (`--weight-root`) add to `source.weight_roots`;
+/// `keys` (`--api-key-env`, `--control-key-env`) take the place of `[source]`'s key settings.
+// One parameter per `cairn serve` flag (main.rs's `Command::Serve`).
+#[allow(clippy::too_many_arguments)]
 pub fn serve(
     config_path: &Path,
     bind: Option<String>,
@@ -223,6 +243,7 @@ pub fn serve(
     record: Option<Record>,
     ui: bool,
     weight_roots: Vec<PathBuf>,
+    keys: access::KeyFlags,
 ) -> Result<()> {
     let mut config = PipelineConfig::load(config_path)?;
     let model_given = model.is_some();
@@ -257,6 +278,7 @@ pub fn serve(
     if let Some(dir) = &policy_dir {
         backend.load(dir)?;
     }
+    let policy_version = backend.policy_version();
     let bind = bind.unwrap_or_else(|| gateway_config.bind.clone());
     crate::commands::on_actor_system(async move {
         let threads = SyncThreads::default();
@@ -277,8 +299,12 @@ pub fn serve(
                 policy.clone().recipient(),
                 false,
                 &bind,
-                ui.then_some(config.run.dir.as_path()),
-                Some((policy.recipient(), roots)),
+                Serving {
+                    dashboard_root: ui.then_some(config.run.dir.as_path()),
+                    weights: Some((policy.recipient(), roots)),
+                    keys,
+                    policy_version,
+                },
             )?;
             // Until SIGINT or SIGTERM; an error recording episodes stops the server cleanly.
             let recording = Box::pin(record_episodes(&started, record.as_ref()));

@@ -1,6 +1,7 @@
 //! The runs a dashboard shows and what it reads from each: [`discover`] finds run directories
-//! under the dashboard's root, [`read_jsonl`] reads `metrics.jsonl` and `eval.jsonl` while a
-//! trainer may be appending to them, [`series`] turns the lines into curves.
+//! under the dashboard's root, [`read_jsonl`] (the reader `cairn plot` uses too, in
+//! `jsonl.rs`) reads `metrics.jsonl` and `eval.jsonl` while a trainer may be appending to
+//! them, [`series`] turns the lines into curves.
 //!
 //! Everything here only reads: files are opened for reading, never locked, never created.
 
@@ -119,52 +120,9 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// The lines of a JSONL file that a trainer may be appending to.
-#[derive(Debug, Default)]
-pub struct Lines {
-    /// The objects, in file order.
-    pub rows: Vec<Map<String, Json>>,
-    /// Lines that are not a JSON object: `"FILE line N: why"`. A last line without its newline
-    /// is being written and is left out silently.
-    pub problems: Vec<String>,
-}
-
-/// Reads `path` as JSON lines. A missing file gives no lines (a run that has not written it
-/// yet).
-pub fn read_jsonl(path: &Path) -> Lines {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lines::default(),
-        Err(e) => {
-            return Lines {
-                rows: Vec::new(),
-                problems: vec![format!("{}: {e}", path.display())],
-            }
-        }
-    };
-    let complete = text.last() == Some(&b'\n');
-    let text = String::from_utf8_lossy(&text);
-    let mut lines = Lines::default();
-    let all: Vec<&str> = text.lines().collect();
-    for (i, line) in all.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Json>(line) {
-            Ok(Json::Object(m)) => lines.rows.push(m),
-            _ if i + 1 == all.len() && !complete => {}
-            Ok(_) => lines.problems.push(format!(
-                "{} line {}: not a JSON object",
-                path.display(),
-                i + 1
-            )),
-            Err(e) => lines
-                .problems
-                .push(format!("{} line {}: {e}", path.display(), i + 1)),
-        }
-    }
-    lines
-}
+/// The lines of `metrics.jsonl` or `eval.jsonl`; a last line cut off mid-write is left out
+/// silently (it is usually being written).
+pub use crate::jsonl::read as read_jsonl;
 
 /// The x of a line: its `step`, else its 1-based position.
 fn x_of(row: &Map<String, Json>, index: usize) -> f64 {

@@ -310,3 +310,59 @@ fn a_cuda_device_that_is_not_there_fails_check_and_train_before_the_run_director
         assert!(!run.exists(), "{command} wrote the run directory");
     }
 }
+
+/// `cairn plot` on a run whose `metrics.jsonl` ends in a line cut off mid-write (what a
+/// `kill -9` of the trainer leaves) draws the complete lines and notes the cut one; a bad line
+/// in the middle is refused by file and line, with what to do.
+#[test]
+fn plot_leaves_out_a_cut_off_last_line_and_names_a_bad_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let metrics = run.join("metrics.jsonl");
+    let complete: String = (0..3)
+        .map(|s| format!("{{\"phase\":\"rl\",\"step\":{s},\"success_rate\":0.{s}}}\n"))
+        .collect();
+    std::fs::write(
+        &metrics,
+        format!("{complete}{{\"phase\":\"rl\",\"step\":3,\"lo"),
+    )
+    .unwrap();
+    let out = cairn(&["plot", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("metrics.jsonl line 4 is cut off"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(run.join("curves.png").is_file());
+
+    std::fs::remove_file(run.join("curves.png")).unwrap();
+    std::fs::write(&metrics, format!("{{\"phase\":\"rl\",\"st\n{complete}")).unwrap();
+    let out = cairn(&["plot", run.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains("metrics.jsonl line 1: EOF while parsing") && e.contains("fix or delete"),
+        "{e}"
+    );
+    assert!(!run.join("curves.png").exists());
+}
+
+/// A `[source]` without `kind` (the key lines of docs/gateway.md pasted alone) names
+/// `source.kind` and its two values, not serde's bare "missing field `kind`".
+#[test]
+fn a_source_without_kind_names_source_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tiny_config(&tmp.path().join("run"), 1);
+    let e = train_error(
+        tmp.path(),
+        &format!("{base}\n[source]\napi_key_env = \"CAIRN_API_KEY\"\n"),
+    );
+    assert!(
+        e.contains("`source.kind`: missing")
+            && e.contains("kind = \"environment\"")
+            && e.contains("kind = \"gateway\""),
+        "{e}"
+    );
+}

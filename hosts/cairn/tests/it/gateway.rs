@@ -414,7 +414,7 @@ fn gateway_bad_input_gets_openai_errors() {
     assert_eq!(summary["context_window"], 400);
     assert_eq!(summary["reward_twice"], 409);
     assert_eq!(summary["steady_calls"], 2);
-    assert_eq!(summary["refused_options"], 4);
+    assert_eq!(summary["refused_options"], 7);
 }
 
 /// Streaming with the `openai` client (gateway_stream.py): chunks concatenate to the

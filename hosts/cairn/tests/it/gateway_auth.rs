@@ -392,6 +392,73 @@ fn serving_off_loopback_without_a_key_is_refused_at_start() {
     );
 }
 
+/// A fresh user's way to serve a checkpoint off loopback: the config trains on an environment
+/// plugin (its `[source]` is not the gateway's), and `cairn serve` takes the key variables on
+/// its command line instead. The refusal without a key gives those flags; a flag's unset
+/// variable is named by the flag. `/health` reports the checkpoint's policy version before any
+/// completion (it said 0 until the first), the version every answer carries.
+#[test]
+fn serve_takes_keys_by_flag_and_reports_the_checkpoint_version_from_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cfg = write_config(tmp.path(), "tiny.toml", &crate::tiny_config(&run, 1));
+    let cfg = cfg.to_str().unwrap();
+    let out = crate::cairn(&["train", cfg]);
+    assert!(out.status.success(), "{}", crate::stderr(&out));
+    let checkpoint = run.join("checkpoints/step-000001");
+    let checkpoint = checkpoint.to_str().unwrap();
+    let serve = ["serve", cfg, "--checkpoint", checkpoint];
+
+    let err = refused(&[&serve[..], &["--bind", "0.0.0.0:0"]].concat());
+    assert!(
+        err.contains("refusing to serve on 0.0.0.0:0 without an API key")
+            && err.contains("--api-key-env CAIRN_API_KEY --control-key-env CAIRN_CONTROL_KEY")
+            && err.contains("kind = \"gateway\""),
+        "{err}"
+    );
+    let err = refused(&[&serve[..], &["--api-key-env", "CAIRN_TEST_UNSET_KEY"]].concat());
+    assert!(
+        err.contains("--api-key-env: the environment variable CAIRN_TEST_UNSET_KEY is not set"),
+        "{err}"
+    );
+
+    let keys = [
+        "--bind",
+        "127.0.0.1:0",
+        "--api-key-env",
+        "CAIRN_TEST_API_KEY",
+        "--control-key-env",
+        "CAIRN_TEST_CONTROL_KEY",
+    ];
+    let server = Server::start(
+        &[&serve[..], &keys[..]].concat(),
+        &[
+            ("CAIRN_TEST_API_KEY", API_KEY),
+            ("CAIRN_TEST_CONTROL_KEY", CONTROL_KEY),
+        ],
+        "gateway: listening on ",
+        false,
+    );
+    let r = server.json("GET", "/health", None, "");
+    assert_eq!((r.status, r.code().as_str()), (401, "missing_api_key"));
+    let health = server.json("GET", "/health", Some(API_KEY), "");
+    assert_eq!(health.status, 200, "{health:?}");
+    let version = health.json()["policy_version"].as_u64().unwrap();
+    assert!(version > 0, "a trained checkpoint: {health:?}");
+    let r = server.json(
+        "POST",
+        "/v1/completions",
+        Some(API_KEY),
+        r#"{"model": "cairn", "prompt": "hi", "max_tokens": 2}"#,
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["policy_version"].as_u64(), Some(version), "{r:?}");
+    let r = server.json("POST", "/episodes", Some(API_KEY), "{}");
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = server.json("POST", "/episodes", Some(CONTROL_KEY), "{}");
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 /// Runs `cairn ARGS`, which must fail within 60 s (a server that starts instead is killed);
 /// its stderr.
 fn refused(args: &[&str]) -> String {

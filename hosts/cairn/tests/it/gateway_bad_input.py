@@ -116,6 +116,10 @@ def main():
          "top_logprobs"),
         ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
         ("/v1/completions", {"prompt": [1.5, 2]}, "prompt"),
+        # A value of the wrong type is named by its field, not as the whole body.
+        ("/v1/chat/completions", {"messages": user, "temperature": "hot"}, "temperature"),
+        ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+        ("/v1/chat/completions", {"messages": user, "max_tokens": 1e23}, "max_tokens"),
     ]
     for path, extra, param in refused:
         status, body = raw("POST", path, {"model": MODEL, "max_tokens": 2, **extra})
