@@ -1,17 +1,21 @@
 //! The plugin side of the boundary: adapters that expose an [`Algorithm`] or [`Environment`]
-//! through the FFI traits, with every entry point inside `catch_unwind`, and the macros that
-//! export a plugin's root module.
+//! through the FFI traits, with every entry point inside `catch_unwind`; the library header
+//! the host looks up ([`LIB_HEADER`], defined once, here); and the macros that register a
+//! plugin's root module with it.
 //!
 //! A panic unwinding across an `extern "C"` boundary aborts the whole host process, so each
 //! adapter method runs the plugin's code under [`guard`], which turns a panic into a
 //! [`PluginError`] of kind [`ErrorKind::Panic`].
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use abi_stable::{
+    library::{__call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult},
     prefix_type::PrefixTypeTrait,
     sabi_trait::TD_Opaque,
-    std_types::{RErr, ROk, ROption, RString, RVec},
+    std_types::{RBoxError, RErr, ROk, ROption, RString, RVec},
 };
 
 #[doc(hidden)]
@@ -418,14 +422,68 @@ pub fn root_module(
     .leak_into_prefix()
 }
 
+/// How many plugin crates linked into this binary registered a root module (see
+/// [`register`]), and the first one's constructor.
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+static ROOT_MODULE: OnceLock<fn() -> CairnPluginRef> = OnceLock::new();
+
+/// Registers a plugin crate's root-module constructor. The export macros call it from a
+/// constructor function the loader runs when it maps the library (`dlopen`), before the host
+/// reads [`LIB_HEADER`]; not meant to be called directly.
 #[doc(hidden)]
-pub mod __private {
-    pub use abi_stable::library::{
-        __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
-    };
+pub fn register(root_module: fn() -> CairnPluginRef) {
+    REGISTERED.fetch_add(1, Ordering::SeqCst);
+    let _ = ROOT_MODULE.set(root_module);
 }
 
-/// Exports the library's root module. Used by [`crate::export_algorithm!`] and
+/// The root module of the one plugin crate this binary registered, or why there is none.
+fn registered_root_module() -> std::result::Result<CairnPluginRef, RBoxError> {
+    pick_root_module(
+        REGISTERED.load(Ordering::SeqCst),
+        ROOT_MODULE.get().copied(),
+    )
+    .map(|root_module| root_module())
+    .map_err(|reason| RBoxError::from_fmt(&reason))
+}
+
+fn pick_root_module(
+    registered: usize,
+    first: Option<fn() -> CairnPluginRef>,
+) -> std::result::Result<fn() -> CairnPluginRef, String> {
+    match (registered, first) {
+        (1, Some(root_module)) => Ok(root_module),
+        (0, _) | (_, None) => Err("this library links the Cairn plugin SDK but registers no \
+                                   plugin: call `export_algorithm!` or `export_environment!` in \
+                                   the plugin crate"
+            .into()),
+        (n, Some(_)) => Err(format!(
+            "this library links {n} plugin crates, each with an `export_algorithm!` or \
+             `export_environment!`; a plugin library must link exactly one (share code through \
+             a library crate, as `sdar` and `icsd` share `cairn-opsd`)"
+        )),
+    }
+}
+
+/// The abi_stable library header: the one symbol the host looks up in a plugin's `.so`.
+///
+/// It is defined here, once, and not by each plugin's export macro: a binary then holds one
+/// definition however many plugin crates it links (a plugin's tests link other plugins as
+/// rlibs), with no linker flag and whatever set of packages cargo builds together. The macro
+/// instead registers the plugin's constructor ([`register`]); the header's loader returns the
+/// registered plugin's root module, and refuses when the library registered none or several.
+// The literal must equal `abi_stable::library::ROOT_MODULE_LOADER_NAME`; a test pins that
+// (`export_name` does not accept a constant).
+#[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
+pub static LIB_HEADER: LibHeader = {
+    extern "C" fn erased() -> RootModuleResult {
+        __call_root_module_loader(registered_root_module)
+    }
+    // SAFETY: `erased` returns the module built by `registered_root_module`, whose type is
+    // `CairnPluginRef`, the type named here.
+    unsafe { LibHeader::from_constructor::<CairnPluginRef>(erased, CheckTypeLayout::Yes) }
+};
+
+/// Registers the library's root module. Used by [`crate::export_algorithm!`] and
 /// [`crate::export_environment!`]; not meant to be called directly.
 #[doc(hidden)]
 #[macro_export]
@@ -442,29 +500,31 @@ macro_rules! __export_root_module {
 
 /// Like `__export_root_module!` with an explicit ABI number; only the `old-abi` test plugin
 /// uses another number than [`crate::ABI_VERSION`].
+///
+/// It places a pointer to a registering function in the section the loader runs when it maps
+/// the library, before anything in it is looked up (`.init_array` on ELF, the Mach-O and PE
+/// equivalents elsewhere). The function only stores a function pointer ([`register`]).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __export_root_module_with_abi {
     ($abi:expr, $describe:ident, $create_algorithm:ident, $create_environment:ident) => {
-        fn __cairn_root_module() -> $crate::ffi::CairnPluginRef {
-            $crate::export::root_module($abi, $describe, $create_algorithm, $create_environment)
-        }
-
-        /// The abi_stable library header: the one symbol the host looks up.
-        // The literal must equal `abi_stable::library::ROOT_MODULE_LOADER_NAME`; the SDK pins
-        // that with a test (`export_name` does not accept a constant).
-        #[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
-        pub static __CAIRN_LIB_HEADER: $crate::export::__private::LibHeader = {
-            extern "C" fn erased() -> $crate::export::__private::RootModuleResult {
-                $crate::export::__private::__call_root_module_loader(__cairn_root_module)
+        const _: () = {
+            fn __cairn_root_module() -> $crate::ffi::CairnPluginRef {
+                $crate::export::root_module($abi, $describe, $create_algorithm, $create_environment)
             }
-            // SAFETY: `erased` returns the module built by `__cairn_root_module`, whose type is
-            // `CairnPluginRef`, the type named here.
-            unsafe {
-                $crate::export::__private::LibHeader::from_constructor::<
-                    $crate::ffi::CairnPluginRef,
-                >(erased, $crate::export::__private::CheckTypeLayout::Yes)
-            }
+            #[used]
+            #[cfg_attr(
+                not(any(target_vendor = "apple", windows)),
+                link_section = ".init_array"
+            )]
+            #[cfg_attr(target_vendor = "apple", link_section = "__DATA,__mod_init_func")]
+            #[cfg_attr(windows, link_section = ".CRT$XCU")]
+            static __CAIRN_REGISTER: extern "C" fn() = {
+                extern "C" fn register() {
+                    $crate::export::register(__cairn_root_module)
+                }
+                register
+            };
         };
     };
 }
@@ -535,4 +595,38 @@ macro_rules! export_environment {
             __cairn_create_environment
         );
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module() -> CairnPluginRef {
+        unreachable!("only compared, never called")
+    }
+
+    #[test]
+    fn the_header_serves_exactly_one_registered_plugin() {
+        assert_eq!(
+            pick_root_module(1, Some(module as fn() -> CairnPluginRef)),
+            Ok(module as fn() -> CairnPluginRef)
+        );
+        let none = pick_root_module(0, None).unwrap_err();
+        assert!(none.contains("registers no plugin"), "{none}");
+        let two = pick_root_module(2, Some(module)).unwrap_err();
+        assert!(
+            two.contains("links 2 plugin crates") && two.contains("exactly one"),
+            "{two}"
+        );
+    }
+
+    /// This crate's own test binary links no plugin crate, so its header has nothing to serve.
+    #[test]
+    fn the_header_of_a_binary_without_a_plugin_refuses() {
+        let err = LIB_HEADER
+            .init_root_module::<CairnPluginRef>()
+            .err()
+            .expect("no plugin registered");
+        assert!(err.to_string().contains("registers no plugin"), "{err}");
+    }
 }

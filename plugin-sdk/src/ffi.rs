@@ -625,8 +625,9 @@ impl RootModule for CairnPluginRef {
     const VERSION_STRINGS: VersionStrings = package_version_strings!();
 }
 
-/// The symbol name under which abi_stable looks up a library's root module. The export macros
-/// spell it as a literal (`export_name` takes no constants); a test pins it to abi_stable's.
+/// The symbol name under which abi_stable looks up a library's root module.
+/// [`crate::export::LIB_HEADER`] spells it as a literal (`export_name` takes no constants); a
+/// test pins it to abi_stable's.
 pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
 
 #[cfg(test)]

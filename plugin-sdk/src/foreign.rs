@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use abi_stable::{
-    library::{lib_header_from_path, LibraryError},
+    library::{lib_header_from_path, LibraryError, RootModuleError},
     sabi_trait::TD_Opaque,
     std_types::{RResult, RStr, RString, RVec},
 };
@@ -40,6 +40,9 @@ pub enum LoadError {
     /// abi_stable rejected the library: another abi_stable or SDK version, or types whose
     /// layout differs from the host's.
     Incompatible { path: PathBuf, reason: String },
+    /// The library's header gave no root module: it links the SDK but registers no plugin,
+    /// or more than one (`reason` says which).
+    NoRootModule { path: PathBuf, reason: String },
 }
 
 impl std::fmt::Display for LoadError {
@@ -65,6 +68,9 @@ impl std::fmt::Display for LoadError {
                 "{}: incompatible plugin layout, rebuild it against this cairn-plugin-sdk: {reason}",
                 path.display()
             ),
+            LoadError::NoRootModule { path, reason } => {
+                write!(f, "{}: not a loadable plugin: {reason}", path.display())
+            }
         }
     }
 }
@@ -128,9 +134,19 @@ pub fn load_plugin(path: &Path) -> std::result::Result<LoadedPlugin, LoadError> 
     // SAFETY: only `cairn_abi`, whose offset and type never change, is read before
     // `check_layout` below validates the rest.
     let unchecked = unsafe { header.init_root_module_with_unchecked_layout::<CairnPluginRef>() }
-        .map_err(|e| LoadError::Incompatible {
-            path: path_buf.clone(),
-            reason: short(&e),
+        .map_err(|e| match e {
+            // The header's own refusal (`export::LIB_HEADER`): no plugin, or several.
+            LibraryError::RootModule {
+                err: RootModuleError::Returned(reason),
+                ..
+            } => LoadError::NoRootModule {
+                path: path_buf.clone(),
+                reason: reason.to_string(),
+            },
+            other => LoadError::Incompatible {
+                path: path_buf.clone(),
+                reason: short(&other),
+            },
         })?;
     let abi = unchecked.cairn_abi();
     if abi != crate::ABI_VERSION {

@@ -2,9 +2,10 @@
 //! no model.
 //!
 //! It keeps an in-memory experience bank (queries filter like the kernel's bank and rank by
-//! insertion order unless a test gives a ranking), answers reflections from a closure (the
-//! skill creator), scores and renders with closures, and records every call and metric so a
-//! test can assert on what the plugin asked for. Prompts render by default as the bytes of
+//! insertion order unless a test gives a ranking; puts follow the kernel's rules for versions
+//! and memory records), answers reflections from a closure (the skill creator) at once or
+//! later ([`MockHost::answer_pending`]), scores and renders with closures, and records every
+//! call and metric so a test can assert on what the plugin asked for. Prompts render by default as the bytes of
 //! `inject + "|" + observation` ([`render_bytes`]) and text tokenizes as its bytes, so a test
 //! can build the exact prompt ids a plugin will see.
 //!
@@ -22,10 +23,12 @@
 //! assert_eq!(host.entry(8).unwrap().text, "skill for p");
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::bank::{
-    BankEntry, BankQuery, EntryStatus, NewEntry, ReflectionRequest, Retrieved, StatsUpdate,
+    BankEntry, BankQuery, EntryKind, EntryStatus, NewEntry, ReflectionRequest, Retrieved,
+    StatsUpdate,
 };
 use crate::error::{PluginError, Result};
 use crate::host::{GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, Scored};
@@ -36,6 +39,7 @@ type Tokenizer = Box<dyn Fn(&str) -> Result<Vec<u32>> + Send + Sync>;
 type Generator = Box<dyn Fn(&GenerateRequest) -> Result<Generation> + Send + Sync>;
 type SkillCreator = Box<dyn Fn(&ReflectionRequest, u64) -> Option<NewEntry> + Send + Sync>;
 type Ranking = Box<dyn Fn(&BankQuery, &mut Vec<BankEntry>) + Send + Sync>;
+type Retrieval = Box<dyn Fn(&BankQuery, &[BankEntry]) -> Vec<BankEntry> + Send + Sync>;
 
 /// What [`MockHost`] renders for a request by default: the bytes of
 /// `inject + "|" + observation`.
@@ -62,6 +66,11 @@ pub struct MockHost {
     pub reflections: Mutex<Vec<ReflectionRequest>>,
     /// Ids the skill creator wrote since the last [`MockHost::take_new_entries`].
     pub new_entries: Mutex<Vec<u64>>,
+    /// Reflections the skill creator has not answered, `(ticket, request)` in order: all of
+    /// them when no skill creator is set, else those it answered `None`. A test answers them
+    /// later with [`MockHost::answer_pending`], as the kernel's skill creator does between
+    /// steps.
+    pub pending: Mutex<Vec<(u64, ReflectionRequest)>>,
     /// Every score request, in order.
     pub scores: Mutex<Vec<ScoreRequest>>,
     /// Every render request, in order.
@@ -70,12 +79,15 @@ pub struct MockHost {
     pub metrics: Mutex<Vec<(String, f64)>>,
     /// How many reflections the skill creator's queue takes in all; `reflect` fails past it.
     reflection_room: Option<usize>,
+    /// While set, every `reflect` fails ([`MockHost::set_queue_full`]).
+    queue_full: AtomicBool,
     scorer: Option<Scorer>,
     renderer: Option<Renderer>,
     tokenizer: Option<Tokenizer>,
     generator: Option<Generator>,
     skill_creator: Option<SkillCreator>,
     ranking: Option<Ranking>,
+    retrieval: Option<Retrieval>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,7 +134,8 @@ impl MockHost {
     }
 
     /// The skill creator: `f(request, ticket)` answers a reflection at once with the entry to
-    /// write (its id is the bank's next), or `None` to leave the ticket unanswered.
+    /// write (its id is the bank's next), or `None` to leave the ticket unanswered (in
+    /// [`MockHost::pending`]).
     pub fn with_skill_creator(
         mut self,
         f: impl Fn(&ReflectionRequest, u64) -> Option<NewEntry> + Send + Sync + 'static,
@@ -140,6 +153,17 @@ impl MockHost {
         self
     }
 
+    /// Answers every bank query with `f(query, bank)` (then `k` applied) instead of the
+    /// kernel's filters: a bank that returns what a test gives it, to check the plugin's own
+    /// filtering of what comes back.
+    pub fn with_retrieval(
+        mut self,
+        f: impl Fn(&BankQuery, &[BankEntry]) -> Vec<BankEntry> + Send + Sync + 'static,
+    ) -> Self {
+        self.retrieval = Some(Box::new(f));
+        self
+    }
+
     /// `reflect` fails, as a host whose skill creator's queue is full does.
     pub fn refusing_reflections(self) -> Self {
         self.with_reflection_room(0)
@@ -150,6 +174,26 @@ impl MockHost {
     pub fn with_reflection_room(mut self, room: usize) -> Self {
         self.reflection_room = Some(room);
         self
+    }
+
+    /// While `full`, every `reflect` fails whole, as a host whose skill creator's queue is
+    /// full does; a test switches it between steps.
+    pub fn set_queue_full(&self, full: bool) {
+        self.queue_full.store(full, Ordering::SeqCst);
+    }
+
+    /// Answers every [`MockHost::pending`] reflection with `f(ticket, request)`, writes the
+    /// entries as the skill creator does, and returns their ids (also added to
+    /// [`MockHost::new_entries`]): what the kernel reports in the next step.
+    pub fn answer_pending(
+        &self,
+        f: impl Fn(u64, &ReflectionRequest) -> NewEntry,
+    ) -> Result<Vec<u64>> {
+        let pending = std::mem::take(&mut *lock(&self.pending));
+        let entries: Vec<NewEntry> = pending.iter().map(|(t, r)| f(*t, r)).collect();
+        let ids = self.insert(&entries)?;
+        lock(&self.new_entries).extend_from_slice(&ids);
+        Ok(ids)
     }
 
     /// Adds an entry to the bank as is (its id included).
@@ -171,31 +215,67 @@ impl MockHost {
             .map(|m| m.1)
     }
 
+    /// The sum of the values logged under `name` (a counter logged once per call).
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        lock(&self.metrics)
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|m| m.1)
+            .sum()
+    }
+
     /// The ids the skill creator wrote since the last call: what the kernel puts in the next
     /// [`crate::StepReport::new_entries`].
     pub fn take_new_entries(&self) -> Vec<u64> {
         std::mem::take(&mut *lock(&self.new_entries))
     }
 
-    /// Writes `entries` with fresh ids (one past the largest id in the bank).
-    fn insert(&self, entries: &[NewEntry]) -> Vec<u64> {
+    /// Writes `entries` with fresh ids (one past the largest id in the bank), all or none, by
+    /// the kernel's rules: version 1, or the parent's version + 1; a parent that is not in the
+    /// bank or a memory record without a `trajectory_id` fails the whole put.
+    fn insert(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
         let mut bank = lock(&self.entries);
         let first = bank.iter().map(|e| e.id).max().unwrap_or(0) + 1;
         let ids: Vec<u64> = (first..first + entries.len() as u64).collect();
-        bank.extend(entries.iter().zip(&ids).map(|(e, &id)| BankEntry {
-            id,
-            kind: e.kind,
-            text: e.text.clone(),
-            trigger: e.trigger.clone(),
-            task_id: e.task_id.clone(),
-            trajectory_id: e.trajectory_id,
-            parent: e.parent,
-            status: e.status,
-            provenance: e.provenance.clone(),
-            extra: e.extra.clone(),
-            ..BankEntry::default()
-        }));
-        ids
+        let mut new = Vec::with_capacity(entries.len());
+        for (i, (e, &id)) in entries.iter().zip(&ids).enumerate() {
+            if e.kind == EntryKind::MemoryRecord && e.trajectory_id.is_none() {
+                return Err(PluginError::host(format!(
+                    "entry {i} of the put: a memory record without a `trajectory_id`"
+                )));
+            }
+            let version = match e.parent {
+                None => 1,
+                Some(parent) => {
+                    let found = bank
+                        .iter()
+                        .chain(&new)
+                        .find(|p: &&BankEntry| p.id == parent);
+                    let Some(parent) = found else {
+                        return Err(PluginError::host(format!(
+                            "entry {i} of the put: its parent {parent} is not in the bank"
+                        )));
+                    };
+                    parent.version + 1
+                }
+            };
+            new.push(BankEntry {
+                id,
+                kind: e.kind,
+                text: e.text.clone(),
+                trigger: e.trigger.clone(),
+                task_id: e.task_id.clone(),
+                trajectory_id: e.trajectory_id,
+                version,
+                parent: e.parent,
+                status: e.status,
+                provenance: e.provenance.clone(),
+                extra: e.extra.clone(),
+                ..BankEntry::default()
+            });
+        }
+        bank.extend(new);
+        Ok(ids)
     }
 }
 
@@ -246,6 +326,16 @@ impl Host for MockHost {
         } else {
             q.statuses.clone()
         };
+        if let Some(retrieve) = &self.retrieval {
+            let found = retrieve(q, &lock(&self.entries));
+            return Ok(found
+                .into_iter()
+                .take(q.k)
+                .map(|entry| Retrieved { entry, score: 1.0 })
+                .collect());
+        }
+        // Trajectory scope as the kernel's: a query that names a trajectory sees only the
+        // entries scoped to it, one that names none only unscoped entries.
         let mut matches: Vec<BankEntry> = lock(&self.entries)
             .iter()
             .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
@@ -256,7 +346,7 @@ impl Host for MockHost {
                     e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
                 }
             })
-            .filter(|e| q.trajectory_id.is_none() || e.trajectory_id == q.trajectory_id)
+            .filter(|e| e.trajectory_id == q.trajectory_id)
             .cloned()
             .collect();
         if let Some(rank) = &self.ranking {
@@ -270,7 +360,7 @@ impl Host for MockHost {
     }
 
     fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
-        Ok(self.insert(entries))
+        self.insert(entries)
     }
 
     fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
@@ -300,9 +390,10 @@ impl Host for MockHost {
     fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
         let first = {
             let mut r = lock(&self.reflections);
-            if self
-                .reflection_room
-                .is_some_and(|room| r.len() + requests.len() > room)
+            if self.queue_full.load(Ordering::SeqCst)
+                || self
+                    .reflection_room
+                    .is_some_and(|room| r.len() + requests.len() > room)
             {
                 return Err(PluginError::host(
                     "the skill creator's queue is full (`skills.queue`)",
@@ -313,12 +404,13 @@ impl Host for MockHost {
             first
         };
         let tickets: Vec<u64> = (first..first + requests.len() as u64).collect();
-        if let Some(create) = &self.skill_creator {
-            for (request, &ticket) in requests.iter().zip(&tickets) {
-                if let Some(entry) = create(request, ticket) {
-                    let ids = self.insert(std::slice::from_ref(&entry));
+        for (request, &ticket) in requests.iter().zip(&tickets) {
+            match self.skill_creator.as_ref().and_then(|c| c(request, ticket)) {
+                Some(entry) => {
+                    let ids = self.insert(std::slice::from_ref(&entry))?;
                     lock(&self.new_entries).extend(ids);
                 }
+                None => lock(&self.pending).push((ticket, request.clone())),
             }
         }
         Ok(tickets)
@@ -487,5 +579,118 @@ mod tests {
         host.log_metric("m", 2.0);
         assert_eq!(host.metric("m"), Some(2.0));
         assert_eq!(host.metric("n"), None);
+    }
+
+    #[test]
+    fn trajectory_scope_versions_and_memory_records_follow_the_kernels_bank() {
+        let host = MockHost::default();
+        let record = |trajectory| NewEntry {
+            kind: EntryKind::MemoryRecord,
+            text: "r".into(),
+            trajectory_id: trajectory,
+            ..NewEntry::default()
+        };
+        let e = host.bank_put(&[record(Some(4)), record(None)]).unwrap_err();
+        assert_eq!(
+            e.message,
+            "entry 1 of the put: a memory record without a `trajectory_id`"
+        );
+        assert!(host.entries.lock().unwrap().is_empty(), "all or none");
+        assert_eq!(host.bank_put(&[record(Some(4))]).unwrap(), vec![1]);
+        host.put(entry(2, EntryKind::MemoryRecord, None));
+        let ids = |trajectory| -> Vec<u64> {
+            let q = BankQuery {
+                k: 10,
+                trajectory_id: trajectory,
+                ..BankQuery::default()
+            };
+            host.bank_query(&q)
+                .unwrap()
+                .iter()
+                .map(|r| r.entry.id)
+                .collect()
+        };
+        assert_eq!(
+            (ids(Some(4)), ids(None), ids(Some(5))),
+            (vec![1], vec![2], vec![])
+        );
+
+        let child = |parent| NewEntry {
+            text: "c".into(),
+            parent: Some(parent),
+            ..NewEntry::default()
+        };
+        let ids = host.bank_put(&[NewEntry::default(), child(3)]).unwrap();
+        assert_eq!(ids, vec![3, 4]);
+        assert_eq!(
+            (
+                host.entry(3).unwrap().version,
+                host.entry(4).unwrap().version
+            ),
+            (1, 2)
+        );
+        let e = host.bank_put(&[child(9)]).unwrap_err();
+        assert_eq!(
+            e.message,
+            "entry 0 of the put: its parent 9 is not in the bank"
+        );
+    }
+
+    #[test]
+    fn unanswered_reflections_wait_until_the_test_answers_them_and_a_full_queue_can_be_switched() {
+        let host = MockHost::default();
+        let request = |p: &str| ReflectionRequest {
+            prompt: p.into(),
+            ..ReflectionRequest::default()
+        };
+        assert_eq!(
+            host.reflect(&[request("a"), request("b")]).unwrap(),
+            vec![1, 2]
+        );
+        assert!(host.entries.lock().unwrap().is_empty());
+        let ids = host
+            .answer_pending(|ticket, r| NewEntry {
+                text: format!("{} #{ticket}", r.prompt),
+                ..NewEntry::default()
+            })
+            .unwrap();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(host.entry(2).unwrap().text, "b #2");
+        assert!(host.pending.lock().unwrap().is_empty());
+        assert_eq!(host.take_new_entries(), vec![1, 2]);
+
+        host.set_queue_full(true);
+        assert!(host.reflect(&[request("c")]).is_err());
+        host.set_queue_full(false);
+        assert_eq!(host.reflect(&[request("c")]).unwrap(), vec![3]);
+        assert_eq!(host.pending.lock().unwrap()[0].0, 3);
+    }
+
+    #[test]
+    fn a_retrieval_closure_answers_queries_in_place_of_the_filters() {
+        let host = MockHost::default().with_retrieval(|q, bank| {
+            let mut all = bank.to_vec();
+            all.push(entry(9, EntryKind::Skill, Some(q.text.as_str())));
+            all
+        });
+        host.put(entry(1, EntryKind::Experience, Some("other")));
+        let q = BankQuery {
+            text: "x".into(),
+            task_id: Some("t".into()),
+            kinds: vec![EntryKind::Skill],
+            k: 2,
+            ..BankQuery::default()
+        };
+        let got: Vec<(u64, Option<String>)> = host
+            .bank_query(&q)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.entry.id, r.entry.task_id))
+            .collect();
+        assert_eq!(got, vec![(1, Some("other".into())), (9, Some("x".into()))]);
+        assert_eq!(host.queries.lock().unwrap().len(), 1);
+        host.log_metric("n", 1.0);
+        host.log_metric("n", 2.0);
+        assert_eq!(host.metric_sum("n"), 3.0);
     }
 }

@@ -8,7 +8,7 @@ use cairn_plugin_sdk::{
 };
 use serde_json::json;
 
-use crate::testing::TestHost;
+use crate::testing::{last_inject, memory_records, Toy};
 use crate::*;
 
 /// The id a response ends with (the stop token; not in the toy vocabulary).
@@ -16,8 +16,8 @@ const STOP: u32 = 99_999;
 
 /// Turn `turn` of trajectory `traj` (group 1, task `iron`): the response is `action`'s ids
 /// then the stop id, all trainable; `shown` is what its prompt showed (`extra.echo_selected`).
-fn row(host: &TestHost, traj: u64, turn: u32, action: &str, reward: f32) -> TurnRow {
-    let mut ids = host.ids(action);
+fn row(toy: &Toy, traj: u64, turn: u32, action: &str, reward: f32) -> TurnRow {
+    let mut ids = toy.ids(action);
     ids.push(STOP);
     let l = ids.len();
     let mut info = serde_json::Map::new();
@@ -45,13 +45,13 @@ fn shown(mut row: TurnRow, indices: &[u32]) -> TurnRow {
     row
 }
 
-fn trajectory(host: &TestHost, traj: u64, actions: &[&str], reward: f32) -> Vec<TurnRow> {
+fn trajectory(toy: &Toy, traj: u64, actions: &[&str], reward: f32) -> Vec<TurnRow> {
     let n = actions.len();
     actions
         .iter()
         .enumerate()
         .map(|(t, a)| {
-            let mut r = row(host, traj, t as u32, a, reward);
+            let mut r = row(toy, traj, t as u32, a, reward);
             r.last_turn = t + 1 == n;
             r
         })
@@ -83,9 +83,10 @@ fn close(got: &[f32], want: &[f32]) {
 /// (docs/algorithms/echo.md, "Worked example").
 #[test]
 fn the_worked_example_gives_the_documented_advantages() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let rows = trajectory(
-        &host,
+        &toy,
         7,
         &[
             "search[iron]",
@@ -110,7 +111,7 @@ fn the_worked_example_gives_the_documented_advantages() {
     close(&a[2], &vec![0.8; n(2)]);
     close(&a[3], &vec![1.2; n(3)]);
     // t4: `select[1,3]` is 6 toy tokens, then ` answer[26]` and the stop id.
-    assert_eq!(host.text(&batch.rows[4].response_ids[..6]), "select[1,3]");
+    assert_eq!(toy.text(&batch.rows[4].response_ids[..6]), "select[1,3]");
     close(&a[4], &vec![1.2; n(4)]);
     assert_eq!(
         s.metrics,
@@ -134,9 +135,10 @@ fn the_worked_example_gives_the_documented_advantages() {
 /// selection runs of the routed trajectory.
 #[test]
 fn credit_lands_only_on_cited_source_turns_and_selection_tokens() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut rows = trajectory(
-        &host,
+        &toy,
         1,
         &[
             "search[iron]",
@@ -148,13 +150,13 @@ fn credit_lands_only_on_cited_source_turns_and_selection_tokens() {
     );
     // The failure cites everything: no routing for it.
     rows.extend(trajectory(
-        &host,
+        &toy,
         2,
         &["search[iron]", "search[tin]", "select[0,1] answer[50]"],
         0.0,
     ));
     // A success without a citation: no routing either.
-    rows.extend(trajectory(&host, 3, &["search[iron]", "answer[26]"], 1.0));
+    rows.extend(trajectory(&toy, 3, &["search[iron]", "answer[26]"], 1.0));
     let batch = Batch { step: 3, rows };
     let s = echo(r#"{"eta": 0.25}"#).signals(&batch, &host).unwrap();
     // Expected factor per token, built independently: trajectory 1's turns 0 and 2 whole
@@ -185,7 +187,8 @@ fn credit_lands_only_on_cited_source_turns_and_selection_tokens() {
 /// still alive there) are credited back to where the chain breaks.
 #[test]
 fn selections_that_kept_the_evidence_alive_are_credited() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let actions = [
         "search[iron]",
         "search[iron atomic number]",
@@ -194,14 +197,14 @@ fn selections_that_kept_the_evidence_alive_are_credited() {
         "select[1] answer[26]",
     ];
     let build = |shown_at_3: &[u32]| {
-        let mut rows = trajectory(&host, 9, &actions, 1.0);
+        let mut rows = trajectory(&toy, 9, &actions, 1.0);
         rows[3] = shown(rows[3].clone(), shown_at_3);
         rows[4] = shown(rows[4].clone(), &[1, 2]);
         Batch { step: 0, rows }
     };
     let run_tokens = |turn: usize, run: &str| {
-        let mut v = vec![1.5; host.ids(run).len()];
-        let n = host.ids(actions[turn]).len() + 1;
+        let mut v = vec![1.5; toy.ids(run).len()];
+        let n = toy.ids(actions[turn]).len() + 1;
         v.resize(n, 1.0);
         v
     };
@@ -245,9 +248,10 @@ fn selections_that_kept_the_evidence_alive_are_credited() {
 /// is routed; an answer citing only missing records routes nothing, and nothing fails.
 #[test]
 fn citations_of_missing_records_are_dropped_and_counted() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut rows = trajectory(
-        &host,
+        &toy,
         4,
         &[
             "search[iron]",
@@ -257,7 +261,7 @@ fn citations_of_missing_records_are_dropped_and_counted() {
         1.0,
     );
     rows.extend(trajectory(
-        &host,
+        &toy,
         5,
         &["search[iron]", "select[5] answer[26]"],
         1.0,
@@ -280,9 +284,10 @@ fn citations_of_missing_records_are_dropped_and_counted() {
 /// are not credited (counted); the evidence turn and the answer turn still are.
 #[test]
 fn an_unmatched_selection_span_is_counted_and_the_evidence_still_credited() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut rows = trajectory(
-        &host,
+        &toy,
         6,
         &[
             "search[iron]",
@@ -294,8 +299,8 @@ fn an_unmatched_selection_span_is_counted_and_the_evidence_still_credited() {
     // Turn 1's selection kept record 0 alive (turn 2's prompt showed it), but the policy
     // sampled `select[0]` as other pieces than the tokenizer's (`sel` + `ect`...).
     rows[2] = shown(rows[2].clone(), &[0]);
-    let mut ids = host.ids("sel");
-    ids.extend(host.ids("ect[0] search[tin]"));
+    let mut ids = toy.ids("sel");
+    ids.extend(toy.ids("ect[0] search[tin]"));
     ids.push(STOP);
     let l = ids.len();
     rows[1].response_ids = ids;
@@ -347,7 +352,8 @@ fn prompt(answer: TurnContext) -> (Vec<u32>, serde_json::Map<String, serde_json:
 /// prompt is task + selected records + the current observation, rendered by the host.
 #[test]
 fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut e = echo(r#"{"header": "Memory:"}"#);
     let q = "Question: what is the atomic number of iron?";
     let t0 = summary(q, "search[iron]");
@@ -358,20 +364,20 @@ fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
             .unwrap(),
     );
     assert_eq!(
-        host.last_inject(),
+        last_inject(&host),
         format!("Task: {q}\nMemory:\n[0] search[iron] =>")
     );
-    assert_eq!(host.text(&ids), format!("{}\n{o1}", host.last_inject()));
+    assert_eq!(toy.text(&ids), format!("{}\n{o1}", last_inject(&host)));
     assert_eq!(extra[SELECTED_KEY], json!([]));
     assert_eq!(extra[DEFAULT_KEY], json!(true));
-    let records = host.records(3);
+    let records = memory_records(&host, 3);
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].text, format!("[0] search[iron] => {o1}"));
     assert_eq!(records[0].task_id.as_deref(), Some("iron"));
     assert_eq!(records[0].provenance.source_trajectories, [3]);
     assert_eq!(
         serde_json::Value::Object(records[0].extra.clone()),
-        json!({"idx": 0, "tokens": host.ids(&records[0].text).len(), "cut": false,
+        json!({"idx": 0, "tokens": toy.ids(&records[0].text).len(), "cut": false,
                "raw": {"trajectory_id": 3, "turn": 0}})
     );
     // Turn 2, no selection in response 1: the default shows the most recent record (0).
@@ -382,7 +388,7 @@ fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
             .unwrap(),
     );
     assert_eq!(
-        host.last_inject(),
+        last_inject(&host),
         format!("Task: {q}\nMemory:\n[0] search[iron] => {o1}\n[1] search[iron discoverer] =>")
     );
     assert_eq!(extra[SELECTED_KEY], json!([0]));
@@ -394,12 +400,15 @@ fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
             .unwrap(),
     );
     assert_eq!(
-        host.last_inject(),
+        last_inject(&host),
         format!("Task: {q}\nMemory:\n[0] search[iron] => {o1}\n[2] search[gold] =>")
     );
     assert_eq!(extra[SELECTED_KEY], json!([0]));
     assert_eq!(extra[DEFAULT_KEY], json!(false));
-    let texts: Vec<String> = host.records(3).into_iter().map(|r| r.text).collect();
+    let texts: Vec<String> = memory_records(&host, 3)
+        .into_iter()
+        .map(|r| r.text)
+        .collect();
     assert_eq!(
         texts,
         [
@@ -427,7 +436,8 @@ fn each_turn_writes_its_record_and_rebuilds_the_prompt_from_the_selection() {
 /// does not have, so the evidence fits in `b`.
 #[test]
 fn a_digest_leaves_out_the_lines_the_task_already_shows() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut e = echo(r#"{"record_tokens": 32, "context_budget": 64}"#);
     let intro = "Answer the question. Reply with search[query] or answer[text].";
     let question = "Question: what is the atomic number of iron";
@@ -436,7 +446,7 @@ fn a_digest_leaves_out_the_lines_the_task_already_shows() {
         format!("{intro}\nLatest results: iron | Atomic number: 26\n{question}\nTurns left: 2.");
     e.next_context(&request(4, vec![summary(&o0, "search[iron]")], &o1), &host)
         .unwrap();
-    let records = host.records(4);
+    let records = memory_records(&host, 4);
     assert_eq!(
         records[0].text,
         "[0] search[iron] => Latest results: iron | Atomic number: 26 Turns left: 2."
@@ -454,7 +464,8 @@ fn a_digest_leaves_out_the_lines_the_task_already_shows() {
 /// Another trajectory's records are never read or shown, even of the same task.
 #[test]
 fn a_prompt_never_shows_another_trajectorys_records() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut e = echo("");
     let t0 = summary("Question: iron?", "search[iron]");
     let other = summary("Iron: 26", "search[secret]");
@@ -472,13 +483,13 @@ fn a_prompt_never_shows_another_trajectorys_records() {
             .unwrap(),
     );
     assert!(
-        !host.last_inject().contains("secret"),
+        !last_inject(&host).contains("secret"),
         "{}",
-        host.last_inject()
+        last_inject(&host)
     );
     assert_eq!(extra[SELECTED_KEY], json!([0]));
-    assert_eq!(host.records(10).len(), 2);
-    assert_eq!(host.records(11).len(), 2);
+    assert_eq!(memory_records(&host, 10).len(), 2);
+    assert_eq!(memory_records(&host, 11).len(), 2);
 }
 
 /// A long observation's record is cut to `b` tokens at a word boundary; the selected records
@@ -486,7 +497,8 @@ fn a_prompt_never_shows_another_trajectorys_records() {
 /// stops at the first record that does not fit.
 #[test]
 fn records_fit_b_and_prompts_fit_the_context_budget() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut e = echo(
         r#"{"record_tokens": 16, "context_budget": 24, "task_block": false,
                        "header": ""}"#,
@@ -502,14 +514,14 @@ fn records_fit_b_and_prompts_fit_the_context_budget() {
         e.next_context(&request(5, turns.clone(), "end"), &host)
             .unwrap(),
     );
-    let records = host.records(5);
+    let records = memory_records(&host, 5);
     let tokens = |i: usize| records[i].extra["tokens"].as_u64().unwrap();
     // Record 0: `[0] search[a] => ` is 10 toy tokens, each word 1, ` …` 2: the line is cut
     // after the fourth word, at 16 tokens.
     assert_eq!(records[0].text, "[0] search[a] => alpha beta gamma delta …");
     assert_eq!(records[0].extra["cut"], json!(true));
     assert_eq!(tokens(0), 16);
-    assert_eq!(tokens(0), host.ids(&records[0].text).len() as u64);
+    assert_eq!(tokens(0), toy.ids(&records[0].text).len() as u64);
     assert_eq!(records[1].text, "[1] search[b] => short");
     assert_eq!(records[2].text, "[2] search[c] => tiny");
     assert_eq!(records[1].extra["cut"], json!(false));
@@ -525,14 +537,15 @@ fn records_fit_b_and_prompts_fit_the_context_budget() {
     assert_eq!(extra[SELECTED_KEY], json!([1, 2]));
     assert_eq!(extra[DEFAULT_KEY], json!(true));
     // The records were written once.
-    assert_eq!(host.records(5).len(), 4);
+    assert_eq!(memory_records(&host, 5).len(), 4);
 }
 
 /// `observe` writes what no `next_context` wrote: the last turn's record (and a record a
 /// context call missed), from the step's rows, once.
 #[test]
 fn observe_writes_the_last_turns_record_once() {
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let mut e = echo("");
     // Turn 1's context call wrote record 0 of trajectory 8.
     prompt(
@@ -546,14 +559,19 @@ fn observe_writes_the_last_turns_record_once() {
         )
         .unwrap(),
     );
-    let mut rows = trajectory(&host, 8, &["search[iron]", "select[0] answer[26]"], 1.0);
-    rows.extend(trajectory(&host, 12, &["answer[3]"], 0.0));
+    let mut rows = trajectory(&toy, 8, &["search[iron]", "select[0] answer[26]"], 1.0);
+    rows.extend(trajectory(&toy, 12, &["answer[3]"], 0.0));
     let report = cairn_plugin_sdk::StepReport {
         batch: Batch { step: 0, rows },
         ..Default::default()
     };
     e.observe(&report, &host).unwrap();
-    let texts = |t| -> Vec<String> { host.records(t).into_iter().map(|r| r.text).collect() };
+    let texts = |t| -> Vec<String> {
+        memory_records(&host, t)
+            .into_iter()
+            .map(|r| r.text)
+            .collect()
+    };
     assert_eq!(
         texts(8),
         [
@@ -563,7 +581,7 @@ fn observe_writes_the_last_turns_record_once() {
     );
     assert_eq!(texts(12), ["[0] answer[3] => (episode ended)"]);
     e.observe(&report, &host).unwrap();
-    assert_eq!(host.records(8).len(), 2);
+    assert_eq!(memory_records(&host, 8).len(), 2);
     assert_eq!(
         host.metrics.lock().unwrap().last().unwrap(),
         &("echo/final_records_written".to_string(), 0.0)
@@ -578,7 +596,8 @@ fn echo_is_an_auxiliary_plugin_with_a_turn_hook_and_memory_records() {
     assert_eq!(r.bank, [EntryKind::MemoryRecord]);
     assert!(!r.teacher_scores && !r.reflection && !r.anchor_keys);
     // No turn before: keep.
-    let host = TestHost::default();
+    let toy = Toy::default();
+    let host = toy.host();
     let answer = echo("")
         .next_context(&request(1, vec![], "o"), &host)
         .unwrap();

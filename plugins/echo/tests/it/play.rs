@@ -6,15 +6,14 @@
 
 use std::sync::Arc;
 
-use cairn_echo::testing::TestHost;
+use cairn_echo::testing::{memory_records, Toy};
 use cairn_echo::Echo;
 use cairn_kernel::backend::{Generation, SamplingParams};
 use cairn_kernel::rollout::prompt::{PlainPrompt, PromptBuilder, TextCodec};
 use cairn_kernel::rollout::{play, EpisodeSpec, PlayParams};
 use cairn_plugin_sdk::{
-    Algorithm, BankQuery, Batch, ContextVariant, Environment, EnvironmentInfo, Episode,
-    FinishReason, Host, NewEntry, Observation, RenderRequest, Result, Retrieved, Split,
-    StepOutcome, TaskInfo, TaskRef, TurnContextRequest,
+    Algorithm, Batch, ContextVariant, Environment, EnvironmentInfo, Episode, FinishReason,
+    Observation, PluginError, Result, Split, StepOutcome, TaskInfo, TaskRef, TurnContextRequest,
 };
 use serde_json::json;
 
@@ -22,9 +21,9 @@ use serde_json::json;
 const STOP: u32 = 99_999;
 const SEPARATOR: u32 = 99_998;
 
-/// The toy tokenizer of [`TestHost`], as the kernel's text codec.
+/// The toy tokenizer, as the kernel's text codec.
 #[derive(Clone)]
-struct Codec(Arc<TestHost>);
+struct Codec(Toy);
 
 impl TextCodec for Codec {
     fn encode(&self, text: &str) -> cairn_kernel::Result<Vec<u32>> {
@@ -32,33 +31,6 @@ impl TextCodec for Codec {
     }
     fn decode(&self, ids: &[u32]) -> cairn_kernel::Result<String> {
         Ok(self.0.text(ids))
-    }
-}
-
-/// Echo's host: the test host's tokenizer and bank, and the kernel's own prompt builder.
-struct KernelLike {
-    inner: Arc<TestHost>,
-    builder: PlainPrompt<Codec>,
-}
-
-impl Host for KernelLike {
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        self.inner.tokenize(text)
-    }
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        self.inner.renders.lock().unwrap().push(r.clone());
-        self.builder
-            .render(&r.variant, &r.observation, &r.history)
-            .map_err(|e| cairn_plugin_sdk::PluginError::host(e.to_string()))
-    }
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        self.inner.bank_query(q)
-    }
-    fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
-        self.inner.bank_put(entries)
-    }
-    fn log_metric(&self, name: &str, value: f64) {
-        self.inner.log_metric(name, value);
     }
 }
 
@@ -161,20 +133,23 @@ const LOSE: [&str; 5] = [
 
 #[test]
 fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
-    let tokens = Arc::new(TestHost::default());
+    let toy = Toy::default();
     let builder = PlainPrompt {
-        codec: Codec(tokens.clone()),
+        codec: Codec(toy.clone()),
         separator: vec![SEPARATOR],
         stop_ids: vec![STOP],
     };
-    let host = KernelLike {
-        inner: tokens.clone(),
-        builder: PlainPrompt {
-            codec: Codec(tokens.clone()),
-            separator: vec![SEPARATOR],
-            stop_ids: vec![STOP],
-        },
+    // Echo's host: the toy tokenizer and the mock bank, with the kernel's own prompt builder.
+    let kernel_builder = PlainPrompt {
+        codec: Codec(toy.clone()),
+        separator: vec![SEPARATOR],
+        stop_ids: vec![STOP],
     };
+    let host = toy.host().with_renderer(move |r| {
+        kernel_builder
+            .render(&r.variant, &r.observation, &r.history)
+            .map_err(|e| PluginError::host(e.to_string()))
+    });
     let mut echo = Echo::from_config_json(r#"{"header": "Memory:"}"#).unwrap();
     let env: Arc<dyn Environment> = Arc::new(Lookup);
     let specs: Vec<EpisodeSpec> = (0..2)
@@ -210,7 +185,7 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
         let out = [WIN[turn], LOSE[turn]]
             .iter()
             .map(|text| {
-                let mut ids = tokens.ids(text);
+                let mut ids = toy.ids(text);
                 ids.push(STOP);
                 Generation {
                     logprobs: vec![-0.5; ids.len()],
@@ -240,13 +215,13 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
     // Turn 4 of the winner: its prompt is the kernel builder's rendering of echo's block.
     let inject = "Task: Question: what is the atomic number of iron?\nMemory:\n\
                   [0] search[iron] => Iron: atomic number 26.\n[3] search[lead] =>";
-    let mut expected = tokens.ids(&format!("{inject}\nNothing about lead."));
+    let mut expected = toy.ids(&format!("{inject}\nNothing about lead."));
     expected.push(SEPARATOR);
     assert_eq!(row(0, 4).prompt_ids, expected);
     assert_eq!(
         serde_json::Value::Object(row(0, 4).extra.clone()),
         json!({"echo_selected": [0], "echo_default": false,
-               "echo_record_tokens": tokens.ids("[0] search[iron] => Iron: atomic number 26.").len(),
+               "echo_record_tokens": toy.ids("[0] search[iron] => Iron: atomic number 26.").len(),
                "prompt_override": true})
     );
     // The loser never selected: default windows of the most recent records.
@@ -256,14 +231,14 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
 
     // Records of turns 0..3 of each trajectory, scoped to it.
     for traj in [0, 1] {
-        let records = tokens.records(traj);
+        let records = memory_records(&host, traj);
         assert_eq!(records.len(), 4, "trajectory {traj}");
         assert!(records
             .iter()
             .all(|r| r.provenance.source_trajectories == [traj]));
     }
     assert_eq!(
-        tokens.records(0)[2].text,
+        memory_records(&host, 0)[2].text,
         "[2] search[tin] => Nothing about tin."
     );
 
@@ -273,7 +248,7 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
         step: 0,
         rows: out.rows.clone(),
     };
-    let s = echo.signals(&batch, tokens.as_ref()).unwrap();
+    let s = echo.signals(&batch, &host).unwrap();
     let factors = |traj: u64, t: u32| {
         let i = batch
             .rows
@@ -282,7 +257,7 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
             .unwrap();
         s.advantage_scale[i].clone()
     };
-    let run = tokens.ids("select[0]").len();
+    let run = toy.ids("select[0]").len();
     let with_run = |t: u32| {
         let mut v = vec![1.5; run];
         v.resize(row(0, t).response_ids.len(), 1.0);
@@ -305,12 +280,12 @@ fn echo_drives_the_kernels_episode_loop_and_credits_what_the_rows_recorded() {
             batch,
             ..Default::default()
         },
-        tokens.as_ref(),
+        &host,
     )
     .unwrap();
     assert_eq!(
-        tokens.records(0)[4].text,
+        memory_records(&host, 0)[4].text,
         "[4] answer[26] => (episode ended)"
     );
-    assert_eq!(tokens.records(1).len(), 5);
+    assert_eq!(memory_records(&host, 1).len(), 5);
 }

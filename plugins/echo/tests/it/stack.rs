@@ -2,7 +2,7 @@
 //! example's final advantages exactly, routing only on the success's evidence turns and
 //! selection tokens, and the estimator's advantages untouched everywhere else, bit for bit.
 
-use cairn_echo::testing::TestHost;
+use cairn_echo::testing::Toy;
 use cairn_echo::Echo;
 use cairn_gigpo::Gigpo;
 use cairn_grpo::Grpo;
@@ -23,7 +23,7 @@ const STOP: u32 = 99_999;
 /// One group of five trajectories of task `iron`: trajectory 0 is the worked example (a
 /// success whose answer turn t4 cites records 1 and 3), trajectories 1–4 fail (reward 0) and
 /// cite records too. Every row has its own anchor, so GiGPO's step groups are singletons.
-fn batch(host: &TestHost) -> Batch {
+fn batch(toy: &Toy) -> Batch {
     let success = [
         "search[iron]",
         "search[iron atomic number]",
@@ -44,7 +44,7 @@ fn batch(host: &TestHost) -> Batch {
             (&failure, 0.0)
         };
         for (t, action) in actions.iter().enumerate() {
-            let mut ids = host.ids(action);
+            let mut ids = toy.ids(action);
             ids.push(STOP);
             let l = ids.len();
             let mut info = serde_json::Map::new();
@@ -86,8 +86,9 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 }
 
 fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
-    let host = TestHost::default();
-    let b = batch(&host);
+    let toy = Toy::default();
+    let host = toy.host();
+    let b = batch(&toy);
     let alone = alone;
     let want = alone.signals(&b, &host).unwrap();
     let stack = Stack::new(vec![
@@ -121,7 +122,7 @@ fn check(estimator: &str, base: Box<dyn Algorithm>, alone: Box<dyn Algorithm>) {
     close(&got.advantages[1], &vec![1.2; n(1)], "t1");
     close(&got.advantages[2], &vec![0.8; n(2)], "t2");
     close(&got.advantages[3], &vec![1.2; n(3)], "t3");
-    assert_eq!(host.text(&b.rows[4].response_ids[..6]), "select[1,3]");
+    assert_eq!(toy.text(&b.rows[4].response_ids[..6]), "select[1,3]");
     close(&got.advantages[4], &vec![1.2; n(4)], "t4");
     // Everything else is the estimator's, bit for bit: the failures cite records and get
     // no routing.

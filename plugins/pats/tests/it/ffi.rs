@@ -4,7 +4,7 @@ use cairn_plugin_sdk::ffi::PluginKind;
 use cairn_plugin_sdk::foreign::load_plugin;
 use cairn_plugin_sdk::{Algorithm, EntryStatus, GroupRequest, Role};
 
-use super::{play, Lab, Play};
+use super::{lab_host, play, Lab, Play};
 
 /// Cargo writes the `cdylib` of this test run to `target/<profile>/deps/`, beside this test
 /// binary (the copy one level up is refreshed only by `cargo build`).
@@ -39,7 +39,7 @@ fn the_cdylib_loads_plans_and_observes() {
         (Role::Planner, 2, true)
     );
 
-    let lab = Lab::default();
+    let lab = lab_host();
     let id = lab.seed("t", "count the doors", EntryStatus::Active);
     let plan = foreign
         .plan_group(

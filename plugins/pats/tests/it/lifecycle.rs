@@ -5,10 +5,11 @@ use cairn_pats::arms::{scaffolded_variant, ScaffoldRef};
 use cairn_pats::card::CardCounts;
 use cairn_pats::state::{Removal, Removed};
 use cairn_pats::Pats;
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, EntryStatus, ReflectionRequest, StepReport};
 use serde_json::json;
 
-use super::{labels, play, row, wins, Lab, Play};
+use super::{lab_host, labels, play, row, wins, Lab, Play};
 
 /// Per-slot success of a group: the scaffolded arm first, then the plain one.
 fn arms(succ_with: usize, n_with: usize, succ_without: usize, n_without: usize) -> Vec<bool> {
@@ -18,7 +19,7 @@ fn arms(succ_with: usize, n_with: usize, succ_without: usize, n_without: usize) 
 }
 
 /// Every `pats/<name>` counter logged at the last `observe`.
-fn counters(lab: &Lab) -> serde_json::Value {
+fn counters(lab: &MockHost) -> serde_json::Value {
     let names = [
         "cards",
         "kept",
@@ -54,14 +55,14 @@ fn only(nonzero: serde_json::Value) -> serde_json::Value {
     all
 }
 
-fn status(lab: &Lab, id: u64) -> EntryStatus {
-    lab.entry(id).status
+fn status(lab: &MockHost, id: u64) -> EntryStatus {
+    lab.entry(id).unwrap().status
 }
 
 #[test]
 fn the_worked_example_keeps_graduates_and_revises() {
     // §5e of the proposal: groups of 16, 8 scaffolded.
-    let lab = Lab::default();
+    let lab = lab_host();
     let a = lab.seed("task_a", "scaffold a", EntryStatus::Active);
     let b = lab.seed("task_b", "scaffold b", EntryStatus::Active);
     let c = lab.seed("task_c", "scaffold c", EntryStatus::Active);
@@ -171,7 +172,7 @@ fn the_worked_example_keeps_graduates_and_revises() {
 
 #[test]
 fn no_effect_removes_a_scaffold_only_after_a_full_window() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let id = lab.seed("t", "hint", EntryStatus::Active);
     let mut pats = Pats::from_config_json("").unwrap();
     for step in 0..3 {
@@ -224,7 +225,7 @@ fn no_effect_removes_a_scaffold_only_after_a_full_window() {
 
 #[test]
 fn creation_asks_with_the_success_first_at_most_max_new_scaffolds_per_step() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json(r#"{"max_new_scaffolds": 2}"#).unwrap();
     let groups = |base: u64| {
         vec![
@@ -295,7 +296,7 @@ fn creation_asks_with_the_success_first_at_most_max_new_scaffolds_per_step() {
 
 #[test]
 fn an_answer_becomes_the_scaffold_and_a_revision_replaces_it() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json("").unwrap();
     let step = |pats: &mut Pats, k: u64, success: Vec<bool>| {
         let report = play(
@@ -333,7 +334,7 @@ fn an_answer_becomes_the_scaffold_and_a_revision_replaces_it() {
         (Some(first), vec![204, 200])
     );
     let revised = lab.answer(2, "check the map, then the drawer");
-    assert_eq!(lab.entry(revised).version, 2);
+    assert_eq!(lab.entry(revised).unwrap().version, 2);
 
     // Step 3 still plays `first` (judged with it: pooled 3/8 vs 3/8, undecided), then the
     // revision replaces it.
@@ -384,7 +385,7 @@ fn an_answer_becomes_the_scaffold_and_a_revision_replaces_it() {
 
 #[test]
 fn a_too_long_answer_is_retired_and_never_injected() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json(r#"{"max_scaffold_chars": 10}"#).unwrap();
     let step = |pats: &mut Pats, k: u64| {
         let report = play(
@@ -420,7 +421,7 @@ fn a_too_long_answer_is_retired_and_never_injected() {
 
 #[test]
 fn failed_and_refused_reflections_are_counted_and_training_goes_on() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json("").unwrap();
     let report = play(
         &mut pats,
@@ -457,7 +458,7 @@ fn failed_and_refused_reflections_are_counted_and_training_goes_on() {
     let tickets: Vec<u64> = pats.state().pending.values().map(|p| p.ticket).collect();
     assert_eq!(tickets, [2]);
 
-    *lab.refuse_reflections.lock().unwrap() = true;
+    lab.set_queue_full(true);
     let report = play(
         &mut pats,
         &lab,
@@ -471,7 +472,7 @@ fn failed_and_refused_reflections_are_counted_and_training_goes_on() {
     pats.observe(&report, &lab).unwrap();
     assert_eq!(counters(&lab), only(json!({"reflections_failed": 1})));
     assert!(!pats.state().is_pending("t2"));
-    *lab.refuse_reflections.lock().unwrap() = false;
+    lab.set_queue_full(false);
     let report = play(
         &mut pats,
         &lab,

@@ -1,5 +1,5 @@
 //! `pats` through its hooks, as the kernel drives it: plans, rows played from those plans,
-//! `observe` with an in-memory bank and skill creator ([`Lab`]), and the built `cdylib`.
+//! `observe` with the SDK's mock host ([`lab_host`]), and the built `cdylib`.
 
 mod ffi;
 mod lifecycle;
@@ -7,29 +7,34 @@ mod plan;
 mod signals;
 mod state;
 
-use std::sync::Mutex;
-
 use cairn_pats::Pats;
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{
-    Algorithm, BankEntry, BankQuery, Batch, ContextVariant, EntryKind, EntryStatus, GroupRequest,
-    Host, NewEntry, PluginError, Provenance, ReflectionRequest, RenderRequest, Result, Retrieved,
-    StatsUpdate, StepReport, TurnRow,
+    Algorithm, BankEntry, Batch, ContextVariant, EntryKind, EntryStatus, GroupRequest, Host,
+    NewEntry, Provenance, ReflectionRequest, StepReport, TurnRow,
 };
 
-/// A host with an in-memory experience bank, a skill creator that only records requests (the
-/// test writes the answers with [`Lab::answer`]), a prompt renderer and a metric log.
-#[derive(Default)]
-pub struct Lab {
-    pub bank: Mutex<Vec<BankEntry>>,
-    pub reflections: Mutex<Vec<ReflectionRequest>>,
-    /// While set, `reflect` refuses every call (a full skill-creator queue).
-    pub refuse_reflections: Mutex<bool>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
+/// The SDK's mock host as `pats` meets the kernel: bank queries newest first (an empty query
+/// text ranks by recency), prompts as the bytes of `inject|observation`, and a skill creator
+/// that leaves each reflection pending until the test answers it ([`Lab::answer`]).
+pub fn lab_host() -> MockHost {
+    MockHost::default().with_ranking(|_, matches| matches.reverse())
 }
 
-impl Lab {
+/// The test's moves on the [`lab_host`] host.
+pub trait Lab {
     /// Puts a scaffold for `task` into the bank (as a user or an earlier run would); its id.
-    pub fn seed(&self, task: &str, text: &str, status: EntryStatus) -> u64 {
+    fn seed(&self, task: &str, text: &str, status: EntryStatus) -> u64;
+    /// The skill creator answers the request of `ticket` with `text`; the new entry's id.
+    fn answer(&self, ticket: u64, text: &str) -> u64;
+    /// The bank's entries of `kind`, by id.
+    fn entries(&self, kind: EntryKind) -> Vec<BankEntry>;
+    /// Every reflection asked, in ticket order.
+    fn requests(&self) -> Vec<ReflectionRequest>;
+}
+
+impl Lab for MockHost {
+    fn seed(&self, task: &str, text: &str, status: EntryStatus) -> u64 {
         self.bank_put(&[NewEntry {
             kind: EntryKind::Scaffold,
             text: text.into(),
@@ -40,8 +45,7 @@ impl Lab {
         .unwrap()[0]
     }
 
-    /// The skill creator answers the request of `ticket` with `text`; the new entry's id.
-    pub fn answer(&self, ticket: u64, text: &str) -> u64 {
+    fn answer(&self, ticket: u64, text: &str) -> u64 {
         let request = self.reflections.lock().unwrap()[ticket as usize - 1].clone();
         let mut extra = request.extra.clone();
         extra.insert("reflection_ticket".into(), ticket.into());
@@ -62,116 +66,13 @@ impl Lab {
         .unwrap()[0]
     }
 
-    pub fn entry(&self, id: u64) -> BankEntry {
-        self.bank.lock().unwrap()[id as usize - 1].clone()
-    }
-
-    pub fn entries(&self, kind: EntryKind) -> Vec<BankEntry> {
-        let bank = self.bank.lock().unwrap();
+    fn entries(&self, kind: EntryKind) -> Vec<BankEntry> {
+        let bank = self.entries.lock().unwrap();
         bank.iter().filter(|e| e.kind == kind).cloned().collect()
     }
 
-    pub fn requests(&self) -> Vec<ReflectionRequest> {
+    fn requests(&self) -> Vec<ReflectionRequest> {
         self.reflections.lock().unwrap().clone()
-    }
-
-    /// The value of `name` logged last.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        let metrics = self.metrics.lock().unwrap();
-        metrics.iter().rev().find(|(n, _)| n == name).map(|m| m.1)
-    }
-}
-
-impl Host for Lab {
-    fn render_prompt(&self, r: &RenderRequest) -> Result<Vec<u32>> {
-        Ok(format!("{}|{}", r.variant.inject, r.observation.text)
-            .bytes()
-            .map(u32::from)
-            .collect())
-    }
-
-    /// Kind, task and status filters as the kernel's bank applies them; an empty query text
-    /// gives the newest entries first.
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        let bank = self.bank.lock().unwrap();
-        let statuses = if q.statuses.is_empty() {
-            vec![EntryStatus::Active, EntryStatus::UnderTest]
-        } else {
-            q.statuses.clone()
-        };
-        Ok(bank
-            .iter()
-            .rev()
-            .filter(|e| q.kinds.is_empty() || q.kinds.contains(&e.kind))
-            .filter(|e| match &q.task_id {
-                Some(t) => {
-                    e.task_id.as_ref() == Some(t) || (q.include_general && e.task_id.is_none())
-                }
-                None => true,
-            })
-            .filter(|e| statuses.contains(&e.status))
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 0.0,
-            })
-            .collect())
-    }
-
-    fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
-        let mut bank = self.bank.lock().unwrap();
-        let mut ids = Vec::new();
-        for e in entries {
-            let id = bank.len() as u64 + 1;
-            let version = match e.parent {
-                Some(p) => bank[p as usize - 1].version + 1,
-                None => 1,
-            };
-            bank.push(BankEntry {
-                id,
-                kind: e.kind,
-                text: e.text.clone(),
-                trigger: e.trigger.clone(),
-                task_id: e.task_id.clone(),
-                version,
-                parent: e.parent,
-                status: e.status,
-                provenance: e.provenance.clone(),
-                extra: e.extra.clone(),
-                ..BankEntry::default()
-            });
-            ids.push(id);
-        }
-        Ok(ids)
-    }
-
-    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
-        let mut bank = self.bank.lock().unwrap();
-        for u in updates {
-            let Some(e) = bank.get_mut(u.id as usize - 1) else {
-                return Err(PluginError::host(format!("no entry {}", u.id)));
-            };
-            if let Some(s) = u.status {
-                e.status = s;
-            }
-        }
-        Ok(())
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        if *self.refuse_reflections.lock().unwrap() {
-            return Err(PluginError::host(
-                "the skill creator's queue is full (`skills.queue`)",
-            ));
-        }
-        let mut all = self.reflections.lock().unwrap();
-        let first = all.len() as u64 + 1;
-        all.extend_from_slice(requests);
-        Ok((first..first + requests.len() as u64).collect())
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap().push((name.into(), value));
     }
 }
 

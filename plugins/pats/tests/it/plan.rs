@@ -1,14 +1,15 @@
 //! `plan_group`: which scaffold a task plays with, and how a group is split.
 
 use cairn_pats::Pats;
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{
     Algorithm, EntryKind, EntryStatus, GroupRequest, OfflineHost, Requirements, Role,
 };
 use serde_json::json;
 
-use super::{labels, Lab};
+use super::{lab_host, labels, Lab};
 
-fn extras(pats: &mut Pats, lab: &Lab, task: &str, size: u32) -> Vec<serde_json::Value> {
+fn extras(pats: &mut Pats, lab: &MockHost, task: &str, size: u32) -> Vec<serde_json::Value> {
     pats.plan_group(
         &GroupRequest {
             task_id: task.into(),
@@ -25,7 +26,7 @@ fn extras(pats: &mut Pats, lab: &Lab, task: &str, size: u32) -> Vec<serde_json::
 
 #[test]
 fn the_task_scaffold_goes_to_the_first_scaffolded_slots() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let other = lab.seed("t2", "another task's scaffold", EntryStatus::Active);
     let id = lab.seed("t1", "open the drawer first", EntryStatus::Active);
     assert_eq!((other, id), (1, 2));
@@ -70,7 +71,7 @@ fn the_task_scaffold_goes_to_the_first_scaffolded_slots() {
 
 #[test]
 fn the_newest_active_scaffold_wins_then_the_general_one_then_none() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json(r#"{"scaffold": "think aloud"}"#).unwrap();
     // No task scaffold: the config's general one, recorded as "config".
     assert_eq!(
@@ -107,7 +108,7 @@ fn the_newest_active_scaffold_wins_then_the_general_one_then_none() {
 
 #[test]
 fn plans_refuse_groups_without_two_arms_and_hosts_without_a_bank() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json(r#"{"scaffolded_slots": 4}"#).unwrap();
     let e = pats
         .plan_group(

@@ -3,7 +3,7 @@
 use cairn_pats::{Pats, DISTILL_TERM};
 use cairn_plugin_sdk::{Algorithm, EntryStatus, TeacherForm, TeacherSource};
 
-use super::{play, wins, Lab, Play};
+use super::{lab_host, play, wins, Lab, Play};
 
 fn metric(metrics: &[(String, f64)], name: &str) -> Option<f64> {
     metrics.iter().find(|(n, _)| n == name).map(|m| m.1)
@@ -11,7 +11,7 @@ fn metric(metrics: &[(String, f64)], name: &str) -> Option<f64> {
 
 #[test]
 fn signals_give_each_arm_and_distil_only_when_asked() {
-    let lab = Lab::default();
+    let lab = lab_host();
     lab.seed("t1", "scaffold one", EntryStatus::Active);
     lab.seed("t2", "scaffold two", EntryStatus::Active);
     lab.seed("t4", "scaffold four", EntryStatus::Active);
@@ -82,7 +82,7 @@ fn signals_give_each_arm_and_distil_only_when_asked() {
 
 #[test]
 fn a_batch_without_scaffolds_reports_none() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json(r#"{"coef": 1.0}"#).unwrap();
     let batch = play(
         &mut pats,

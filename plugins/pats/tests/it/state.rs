@@ -6,11 +6,11 @@ use cairn_pats::Pats;
 use cairn_plugin_sdk::{Algorithm, EntryStatus, ErrorKind, StepReport};
 use serde_json::json;
 
-use super::{labels, play, wins, Lab, Play};
+use super::{lab_host, labels, play, wins, Lab, Play};
 
 #[test]
 fn the_state_round_trips() {
-    let lab = Lab::default();
+    let lab = lab_host();
     lab.seed("a", "scaffold a", EntryStatus::Active);
     lab.seed("b", "scaffold b", EntryStatus::Active);
     lab.seed("c", "scaffold c", EntryStatus::Active);
@@ -87,7 +87,7 @@ fn the_state_round_trips() {
 
 #[test]
 fn a_resume_collects_answers_already_in_the_bank_and_forgets_the_rest() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut pats = Pats::from_config_json("").unwrap();
     let report = play(
         &mut pats,
@@ -126,7 +126,7 @@ fn a_resume_collects_answers_already_in_the_bank_and_forgets_the_rest() {
     assert_eq!(lab.metric("pats/accepted"), Some(1.0));
     assert_eq!(lab.metric("pats/reflections_failed"), Some(1.0));
     assert!(resumed.state().pending.is_empty());
-    assert_eq!(lab.entry(answer).status, EntryStatus::Active);
+    assert_eq!(lab.entry(answer).unwrap().status, EntryStatus::Active);
     assert_eq!(
         labels(&mut resumed, &lab, "t1", 2),
         [format!("scaffold:{answer}"), "plain".into()]

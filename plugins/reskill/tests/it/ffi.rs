@@ -5,7 +5,7 @@ use cairn_plugin_sdk::foreign::load_plugin;
 use cairn_plugin_sdk::{Algorithm, EntryKind, Role};
 use cairn_reskill::Reskill;
 
-use crate::lab::{run, Lab};
+use crate::lab::{lab_host, run};
 
 const CONFIG: &str =
     r#"{"test_steps": 3, "min_episodes": 8, "min_reservoir": 8, "reservoir_size": 40}"#;
@@ -40,10 +40,10 @@ fn the_cdylib_loads_and_runs_the_same_steps_as_the_rlib() {
 
     // Five steps through the boundary (a request, an arrival, a decided test, the next
     // request) end in the same state as in process.
-    let (lab, mut delivered) = (Lab::default(), Vec::new());
+    let (lab, mut delivered) = (lab_host(), Vec::new());
     run(&mut foreign, &lab, 1..=5, &mut delivered);
     let mut local = Reskill::from_config_json(CONFIG).unwrap();
-    let (lab2, mut delivered2) = (Lab::default(), Vec::new());
+    let (lab2, mut delivered2) = (lab_host(), Vec::new());
     run(&mut local, &lab2, 1..=5, &mut delivered2);
     let state = foreign.save_state().unwrap();
     assert_eq!(state, local.save_state().unwrap());

@@ -1,156 +1,54 @@
-//! A test host with an in-memory bank, a queued skill creator that answers like the kernel's
-//! `template` reflector, and a metric log; plus a small household world that plays the
-//! plugin's plans.
+//! The SDK's mock host as `reskill` meets the kernel, with a skill creator that answers
+//! between steps like the kernel's `template` reflector; plus a small household world that
+//! plays the plugin's plans.
 
-use std::sync::Mutex;
-
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{
-    Algorithm, BankEntry, BankQuery, Batch, ContextVariant, EntryStatus, GroupRequest, Host,
-    NewEntry, Observation, PluginError, ReflectionRequest, Result, Retrieved, StatsUpdate,
+    Algorithm, Batch, ContextVariant, GroupRequest, NewEntry, Observation, ReflectionRequest,
     StepReport, TurnContext, TurnContextRequest, TurnRow, TurnSummary,
 };
 use rand::{Rng, SeedableRng};
 
-#[derive(Default)]
-pub struct Lab {
-    pub entries: Mutex<Vec<BankEntry>>,
-    /// Reflections asked and not answered yet: (ticket, request).
-    pub queue: Mutex<Vec<(u64, ReflectionRequest)>>,
-    /// Every reflection ever asked.
-    pub asked: Mutex<Vec<ReflectionRequest>>,
-    pub tickets: Mutex<u64>,
-    pub updates: Mutex<Vec<StatsUpdate>>,
-    pub metrics: Mutex<Vec<(String, f64)>>,
-    /// `reflect` refuses, as with a full queue.
-    pub refuse: Mutex<bool>,
+/// The mock host with bank queries newest first; reflections wait in
+/// [`MockHost::pending`] until the test answers them ([`Lab::answer`]).
+pub fn lab_host() -> MockHost {
+    MockHost::default().with_ranking(|_, matches| matches.reverse())
 }
 
-impl Host for Lab {
-    fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-        let entries = self.entries.lock().unwrap();
-        let statuses = if q.statuses.is_empty() {
-            vec![EntryStatus::Active, EntryStatus::UnderTest]
-        } else {
-            q.statuses.clone()
-        };
-        Ok(entries
-            .iter()
-            .rev()
-            .filter(|e| {
-                (q.kinds.is_empty() || q.kinds.contains(&e.kind)) && statuses.contains(&e.status)
-            })
-            .take(q.k)
-            .map(|e| Retrieved {
-                entry: e.clone(),
-                score: 0.0,
-            })
-            .collect())
-    }
-
-    fn bank_put(&self, new: &[NewEntry]) -> Result<Vec<u64>> {
-        let mut entries = self.entries.lock().unwrap();
-        let mut ids = Vec::new();
-        for e in new {
-            let id = entries.len() as u64 + 1;
-            entries.push(BankEntry {
-                id,
-                kind: e.kind,
-                text: e.text.clone(),
-                trigger: e.trigger.clone(),
-                task_id: e.task_id.clone(),
-                parent: e.parent,
-                status: e.status,
-                provenance: e.provenance.clone(),
-                extra: e.extra.clone(),
-                ..BankEntry::default()
-            });
-            ids.push(id);
-        }
-        Ok(ids)
-    }
-
-    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
-        let mut entries = self.entries.lock().unwrap();
-        for u in updates {
-            let Some(e) = entries.iter_mut().find(|e| e.id == u.id) else {
-                return Err(PluginError::host(format!("no entry {}", u.id)));
-            };
-            e.stats.exposures += u.add_exposures;
-            e.stats.successes += u.add_successes;
-            if let Some(s) = u.status {
-                e.status = s;
-            }
-        }
-        self.updates.lock().unwrap().extend_from_slice(updates);
-        Ok(())
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        if *self.refuse.lock().unwrap() {
-            return Err(PluginError::host(
-                "the skill creator's queue is full (`skills.queue`)",
-            ));
-        }
-        let mut tickets = self.tickets.lock().unwrap();
-        let mut out = Vec::new();
-        for r in requests {
-            *tickets += 1;
-            self.queue.lock().unwrap().push((*tickets, r.clone()));
-            self.asked.lock().unwrap().push(r.clone());
-            out.push(*tickets);
-        }
-        Ok(out)
-    }
-
-    fn log_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap().push((name.to_string(), value));
-    }
-}
-
-impl Lab {
-    /// Answers every queued reflection with an entry whose text is `text(request)` and whose
+/// The skill creator's move on the [`lab_host`] host.
+pub trait Lab {
+    /// Answers every pending reflection with an entry whose text is `text(request)` and whose
     /// trigger is `trigger`, the way the skill creator writes it (`extra` from the request
     /// plus `reflection_ticket`); returns the new ids, for the next step's report.
-    pub fn answer(
+    fn answer(
+        &self,
+        text: impl Fn(&ReflectionRequest) -> String,
+        trigger: Option<&str>,
+    ) -> Vec<u64>;
+}
+
+impl Lab for MockHost {
+    fn answer(
         &self,
         text: impl Fn(&ReflectionRequest) -> String,
         trigger: Option<&str>,
     ) -> Vec<u64> {
-        let queue: Vec<(u64, ReflectionRequest)> = self.queue.lock().unwrap().drain(..).collect();
-        let entries: Vec<NewEntry> = queue
-            .iter()
-            .map(|(ticket, r)| {
-                let mut extra = r.extra.clone();
-                extra.insert("reflection_ticket".into(), (*ticket).into());
-                extra.insert("requested_by".into(), "grpo+reskill".into());
-                NewEntry {
-                    kind: r.kind,
-                    text: text(r),
-                    trigger: trigger.map(str::to_string),
-                    task_id: r.task_id.clone(),
-                    parent: r.parent,
-                    status: r.status,
-                    extra,
-                    ..NewEntry::default()
-                }
-            })
-            .collect();
-        self.bank_put(&entries).unwrap()
-    }
-
-    /// The last value logged under `name`.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        self.metrics
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|&(_, v)| v)
-    }
-
-    pub fn entry(&self, id: u64) -> BankEntry {
-        self.entries.lock().unwrap()[id as usize - 1].clone()
+        self.answer_pending(|ticket, r| {
+            let mut extra = r.extra.clone();
+            extra.insert("reflection_ticket".into(), ticket.into());
+            extra.insert("requested_by".into(), "grpo+reskill".into());
+            NewEntry {
+                kind: r.kind,
+                text: text(r),
+                trigger: trigger.map(str::to_string),
+                task_id: r.task_id.clone(),
+                parent: r.parent,
+                status: r.status,
+                extra,
+                ..NewEntry::default()
+            }
+        })
+        .unwrap()
     }
 }
 
@@ -206,7 +104,7 @@ pub fn row(
 /// whose plan fired a skill on the goal succeeds with probability 0.8, a plain one with 0.2; slot 0
 /// always succeeds and slot 7 always fails, so every group has both. Turns after the first
 /// go through `next_context`, and each row records the variant of its own turn.
-pub fn play(plugin: &mut dyn Algorithm, lab: &Lab, step: u64) -> Batch {
+pub fn play(plugin: &mut dyn Algorithm, lab: &MockHost, step: u64) -> Batch {
     let mut rows = Vec::new();
     for (g, kind) in KINDS.iter().enumerate() {
         let group = step * 10 + g as u64;
@@ -296,7 +194,7 @@ pub fn template(batch: &Batch) -> impl Fn(&ReflectionRequest) -> String + '_ {
 /// creator does (entries reach the plugin in the next step's report).
 pub fn run(
     plugin: &mut dyn Algorithm,
-    lab: &Lab,
+    lab: &MockHost,
     steps: std::ops::RangeInclusive<u64>,
     delivered: &mut Vec<u64>,
 ) -> Vec<Batch> {

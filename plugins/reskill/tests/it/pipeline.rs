@@ -1,13 +1,14 @@
 //! The creator pipeline end to end (diagnosis → skill creator → verification → A/B test →
 //! decision), the verification gates, and failed reflections.
 
+use cairn_plugin_sdk::testing::MockHost;
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, EntryStatus, Role, StepReport};
 use cairn_reskill::assertion::Assertion;
 use cairn_reskill::config::ReskillConfig;
 use cairn_reskill::creator::Episode;
 use cairn_reskill::{Pending, Reskill, ReskillState, Verdict};
 
-use crate::lab::{run, template, Lab};
+use crate::lab::{lab_host, run, template, Lab};
 
 const SMALL: &str =
     r#"{"test_steps": 3, "min_episodes": 8, "min_reservoir": 8, "reservoir_size": 64}"#;
@@ -23,13 +24,13 @@ fn requirements_declare_a_planner_with_turn_context_skills_and_reflection() {
 
 #[test]
 fn a_skill_goes_from_diagnosis_through_the_skill_creator_to_an_accepted_test() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = Reskill::from_config_json(SMALL).unwrap();
     let mut delivered = Vec::new();
     let batches = run(&mut p, &lab, 1..=1, &mut delivered);
 
     // Step 1: plain slots; the diagnosis asks for one skill.
-    let asked = lab.asked.lock().unwrap().clone();
+    let asked = lab.reflections.lock().unwrap().clone();
     assert_eq!(asked.len(), 1);
     let r = &asked[0];
     assert_eq!(
@@ -103,9 +104,9 @@ fn a_skill_goes_from_diagnosis_through_the_skill_creator_to_an_accepted_test() {
     );
     let c = &p.state().counters;
     assert_eq!((c.accepted, c.reverted), (1, 0));
-    assert_eq!(lab.entry(1).status, EntryStatus::Active);
-    let exposures = lab.entry(1).stats.exposures;
-    assert!(exposures > 0 && lab.entry(1).stats.successes <= exposures);
+    assert_eq!(lab.entry(1).unwrap().status, EntryStatus::Active);
+    let exposures = lab.entry(1).unwrap().stats.exposures;
+    assert!(exposures > 0 && lab.entry(1).unwrap().stats.successes <= exposures);
     assert_eq!(p.state().skills[&1].status, EntryStatus::Active);
     assert_eq!(p.state().assertions[0].verdict, Verdict::Accepted);
     assert_eq!(p.state().fit.completed_tests, 1);
@@ -116,7 +117,7 @@ fn a_skill_goes_from_diagnosis_through_the_skill_creator_to_an_accepted_test() {
         .is_some_and(|v| (0.15..=0.85).contains(&v)));
     // The creator asked again at once: the next assertion for the same kind (ties go to the
     // first kind again), so the new skill revises the active one.
-    let asked = lab.asked.lock().unwrap().clone();
+    let asked = lab.reflections.lock().unwrap().clone();
     assert_eq!(asked.len(), 2);
     assert_eq!(asked[1].extra["task_kind"], "cool");
     assert_eq!(
@@ -158,10 +159,10 @@ fn a_skill_goes_from_diagnosis_through_the_skill_creator_to_an_accepted_test() {
     assert_eq!((c.accepted, c.reverted), (2, 0));
     assert_eq!(p.state().active(), [2]);
     assert_eq!(
-        (lab.entry(1).status, lab.entry(2).status),
+        (lab.entry(1).unwrap().status, lab.entry(2).unwrap().status),
         (EntryStatus::Retired, EntryStatus::Active)
     );
-    assert_eq!(lab.entry(2).parent, Some(1));
+    assert_eq!(lab.entry(2).unwrap().parent, Some(1));
 }
 
 fn heat(id: u64, observation: &str) -> Episode {
@@ -217,9 +218,14 @@ fn waiting(open: u64, config: &str) -> Reskill {
 }
 
 /// Writes the answer to ticket 1 and reports it.
-fn deliver(p: &mut Reskill, lab: &Lab, text: &str, trigger: Option<&str>, extra_trigger: &str) {
-    *lab.tickets.lock().unwrap() = 0;
-    lab.queue.lock().unwrap().push((
+fn deliver(
+    p: &mut Reskill,
+    lab: &MockHost,
+    text: &str,
+    trigger: Option<&str>,
+    extra_trigger: &str,
+) {
+    lab.pending.lock().unwrap().push((
         1,
         cairn_plugin_sdk::ReflectionRequest {
             kind: EntryKind::Skill,
@@ -241,7 +247,7 @@ fn deliver(p: &mut Reskill, lab: &Lab, text: &str, trigger: Option<&str>, extra_
 #[test]
 fn a_skill_whose_trigger_fires_often_enough_starts_a_test() {
     // The entry's own trigger wins over the proposed one: 6 of 10 heat episodes ≥ 0.5.
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(6, "");
     deliver(
         &mut p,
@@ -260,7 +266,7 @@ fn a_skill_whose_trigger_fires_often_enough_starts_a_test() {
     assert_eq!(p.state().assertions[0].verdict, Verdict::Testing);
     assert_eq!(p.state().assertions[0].skill, Some(1));
     // Without a trigger of its own, the proposed one is used.
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(6, "");
     deliver(&mut p, &lab, "Close nothing.", None, r"drawer is open");
     assert_eq!(
@@ -273,49 +279,49 @@ fn a_skill_whose_trigger_fires_often_enough_starts_a_test() {
 #[test]
 fn a_skill_that_fires_too_rarely_is_long_or_has_a_broken_trigger_is_retired_and_counted() {
     // 4 of 10 heat episodes < 0.5 (the cool episodes, which all fire, are not targets).
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(4, "");
     deliver(&mut p, &lab, "Close nothing.", Some("drawer is open"), "");
     assert_eq!(lab.metric("reskill/trigger_rate"), Some(0.4));
     assert!(p.state().test.is_none() && p.state().pending.is_none());
     assert!(p.state().skills.is_empty());
-    assert_eq!(lab.entry(1).status, EntryStatus::Retired);
+    assert_eq!(lab.entry(1).unwrap().status, EntryStatus::Retired);
     assert_eq!(p.state().counters.rejected_trigger_rate, 1);
     assert_eq!(lab.metric("reskill/rejected_trigger_rate"), Some(1.0));
     assert_eq!(p.state().assertions[0].verdict, Verdict::Rejected);
     // The same skill passes with a lower bar.
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(4, r#"{"min_trigger_rate": 0.4}"#);
     deliver(&mut p, &lab, "Close nothing.", Some("drawer is open"), "");
     assert!(p.state().test.is_some());
 
     // Over max_skill_chars (counted in characters, not bytes).
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(10, r#"{"max_skill_chars": 5}"#);
     deliver(&mut p, &lab, "ééééé", Some("open"), "");
     assert!(p.state().test.is_some(), "5 characters (10 bytes) pass");
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(10, r#"{"max_skill_chars": 5}"#);
     deliver(&mut p, &lab, "ééééé!", Some("open"), "");
     assert!(p.state().test.is_none());
-    assert_eq!(lab.entry(1).status, EntryStatus::Retired);
+    assert_eq!(lab.entry(1).unwrap().status, EntryStatus::Retired);
     assert_eq!(p.state().counters.rejected_too_long, 1);
     assert_eq!(lab.metric("reskill/rejected_too_long"), Some(1.0));
 
     // A trigger that is not a regex.
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(10, "");
     deliver(&mut p, &lab, "Open it.", Some("(open"), "");
     assert!(p.state().test.is_none());
-    assert_eq!(lab.entry(1).status, EntryStatus::Retired);
+    assert_eq!(lab.entry(1).unwrap().status, EntryStatus::Retired);
     assert_eq!(p.state().counters.rejected_invalid_trigger, 1);
 }
 
 #[test]
 fn an_entry_for_another_ticket_is_not_taken() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = waiting(10, "");
-    lab.queue.lock().unwrap().push((
+    lab.pending.lock().unwrap().push((
         5,
         cairn_plugin_sdk::ReflectionRequest {
             kind: EntryKind::Skill,
@@ -336,7 +342,7 @@ fn an_entry_for_another_ticket_is_not_taken() {
     assert!(p.state().test.is_none());
     assert_eq!(p.state().pending.as_ref().map(|p| p.ticket), Some(1));
     assert_eq!(
-        lab.entry(1).status,
+        lab.entry(1).unwrap().status,
         EntryStatus::UnderTest,
         "not ours to retire"
     );
@@ -344,11 +350,11 @@ fn an_entry_for_another_ticket_is_not_taken() {
 
 #[test]
 fn failed_reflections_are_counted_and_the_creator_tries_again_at_the_next_window() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = Reskill::from_config_json(r#"{"min_reservoir": 8, "create_every": 3}"#).unwrap();
     let mut delivered = Vec::new();
     let batches = run(&mut p, &lab, 1..=1, &mut delivered);
-    let first = lab.asked.lock().unwrap()[0].clone();
+    let first = lab.reflections.lock().unwrap()[0].clone();
     // The skill creator failed on ticket 1; nothing was written.
     lab.entries.lock().unwrap().clear();
     let batch = crate::lab::play(&mut p, &lab, 2);
@@ -372,10 +378,10 @@ fn failed_reflections_are_counted_and_the_creator_tries_again_at_the_next_window
     // Step 3 is inside the window (1 + 3); step 4 asks again, for the same diagnosis.
     let mut none = Vec::new();
     run(&mut p, &lab, 3..=3, &mut none);
-    assert_eq!(lab.asked.lock().unwrap().len(), 1);
-    lab.queue.lock().unwrap().clear();
+    assert_eq!(lab.reflections.lock().unwrap().len(), 1);
+    lab.pending.lock().unwrap().clear();
     run(&mut p, &lab, 4..=4, &mut none);
-    let asked = lab.asked.lock().unwrap().clone();
+    let asked = lab.reflections.lock().unwrap().clone();
     assert_eq!(asked.len(), 2);
     assert_eq!(asked[1].extra["assertion"], first.extra["assertion"]);
     assert_eq!(
@@ -385,8 +391,8 @@ fn failed_reflections_are_counted_and_the_creator_tries_again_at_the_next_window
     let _ = batches;
 
     // A refused request (a full queue) is counted the same way; training goes on.
-    let lab = Lab::default();
-    *lab.refuse.lock().unwrap() = true;
+    let lab = lab_host();
+    lab.set_queue_full(true);
     let mut p = Reskill::from_config_json(r#"{"min_reservoir": 8}"#).unwrap();
     let mut none = Vec::new();
     run(&mut p, &lab, 1..=2, &mut none);
@@ -396,7 +402,7 @@ fn failed_reflections_are_counted_and_the_creator_tries_again_at_the_next_window
 
 #[test]
 fn signals_give_no_advantages_and_the_share_of_rows_with_skills() {
-    let lab = Lab::default();
+    let lab = lab_host();
     let mut p = Reskill::from_config_json(SMALL).unwrap();
     let mut delivered = Vec::new();
     run(&mut p, &lab, 1..=2, &mut delivered);

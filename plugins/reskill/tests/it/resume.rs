@@ -5,7 +5,7 @@ use cairn_reskill::ab::{HorizonFit, StepCounts};
 use cairn_reskill::config::ReskillConfig;
 use cairn_reskill::{Reskill, ReskillState};
 
-use crate::lab::{run, Lab};
+use crate::lab::{lab_host, run};
 
 const CONFIG: &str =
     r#"{"test_steps": 3, "min_episodes": 8, "min_reservoir": 8, "reservoir_size": 40}"#;
@@ -36,10 +36,10 @@ fn start() -> Reskill {
 
 #[test]
 fn a_resumed_run_equals_the_uninterrupted_one() {
-    let (lab, mut straight, mut delivered) = (Lab::default(), start(), Vec::new());
+    let (lab, mut straight, mut delivered) = (lab_host(), start(), Vec::new());
     run(&mut straight, &lab, 1..=8, &mut delivered);
 
-    let (lab2, mut first, mut delivered2) = (Lab::default(), start(), Vec::new());
+    let (lab2, mut first, mut delivered2) = (lab_host(), start(), Vec::new());
     run(&mut first, &lab2, 1..=4, &mut delivered2);
     // The checkpoint falls inside a test whose posteriors have moved, with no reflection
     // pending (those are not checkpointed by the kernel).

@@ -21,8 +21,9 @@
 //! `skills.max_reflections_per_step` per step, so a run that starts from an empty bank builds
 //! one.
 //!
-//! This crate is a library, not a plugin: two plugin crates cannot link each other (each
-//! defines the plugin header symbol), so `sdar` and `icsd` both depend on this one.
+//! This crate is a library, not a plugin: a plugin library holds one plugin (one linking both
+//! plugin crates would register two, and the host refuses it), so `sdar` and `icsd` both
+//! depend on this one.
 
 pub mod config;
 pub mod creator;

@@ -368,7 +368,7 @@ pub fn score(config: &SkillConfig, batch: &Batch, host: &dyn Host, top_k: u32) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_plugin_sdk::Retrieved;
+    use cairn_plugin_sdk::testing::MockHost;
 
     fn skill(id: u64, task: Option<&str>, text: &str) -> BankEntry {
         BankEntry {
@@ -405,30 +405,16 @@ mod tests {
         assert_eq!(v.extra["x"], 1);
     }
 
-    /// A bank that returns `hits` for a non-empty query and `fallback` for an empty one.
-    struct Bank {
-        hits: Vec<BankEntry>,
-        fallback: Vec<BankEntry>,
-        queries: std::sync::Mutex<Vec<BankQuery>>,
-    }
-
-    impl Host for Bank {
-        fn bank_query(&self, q: &BankQuery) -> Result<Vec<Retrieved>> {
-            self.queries.lock().unwrap().push(q.clone());
-            let list = if q.text.is_empty() {
-                &self.fallback
+    /// A bank that returns `hits` for a non-empty query and `fallback` for an empty one,
+    /// whatever the query's filters.
+    fn bank(hits: Vec<BankEntry>, fallback: Vec<BankEntry>) -> MockHost {
+        MockHost::default().with_retrieval(move |q, _| {
+            if q.text.is_empty() {
+                fallback.clone()
             } else {
-                &self.hits
-            };
-            Ok(list
-                .iter()
-                .take(q.k)
-                .map(|e| Retrieved {
-                    entry: e.clone(),
-                    score: 1.0,
-                })
-                .collect())
-        }
+                hits.clone()
+            }
+        })
     }
 
     fn row() -> TurnRow {
@@ -446,15 +432,14 @@ mod tests {
             max_chars: 10,
             ..SkillConfig::default()
         };
-        let host = Bank {
-            hits: vec![
+        let host = bank(
+            vec![
                 skill(1, None, "x".repeat(11).as_str()),
                 skill(2, Some("other"), "theirs"),
                 skill(3, Some("t"), "mine"),
             ],
-            fallback: vec![skill(5, Some("t"), "newest")],
-            queries: Default::default(),
-        };
+            vec![skill(5, Some("t"), "newest")],
+        );
         let r = retrieve(&config, &row(), &host).unwrap();
         // k = 2: the top two hits; the first is too long, the second another task's.
         assert_eq!(r.skills, []);
@@ -466,11 +451,7 @@ mod tests {
         assert!(q.include_general);
         assert_eq!(q.statuses, [EntryStatus::Active]);
         // No hit at all: the task's newest skills.
-        let host = Bank {
-            hits: Vec::new(),
-            fallback: vec![skill(5, Some("t"), "newest")],
-            queries: Default::default(),
-        };
+        let host = bank(Vec::new(), vec![skill(5, Some("t"), "newest")]);
         let r = retrieve(&config, &row(), &host).unwrap();
         let ids: Vec<u64> = r.skills.iter().map(|e| e.id).collect();
         assert_eq!(ids, [5]);
