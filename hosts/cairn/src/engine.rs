@@ -119,7 +119,6 @@ pub fn prepare(
     let r = &config.rollout;
     Ok(Some(Prepared {
         settings: EngineSettings {
-            max_staleness: r.max_staleness,
             temperature: r.temperature,
             top_p: r.top_p,
             probe_tolerance: engine.probe_tolerance,

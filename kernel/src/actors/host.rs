@@ -4,8 +4,12 @@
 //!
 //! [`HostLinks`] is the set of recipients, built once by [`super::start`] and shared by the
 //! rollout and optimizer actors; [`KernelHost`] borrows it for one plugin call, with the step
-//! context (step, policy version, the rows a reflection may refer to). Its calls block the
-//! calling thread, so it is only used on `SyncArbiter` threads.
+//! context (step, policy version, the rows a reflection may refer to).
+//!
+//! The plugin ABI is synchronous, so each service that another actor answers blocks the
+//! plugin's thread until the answer comes: the kernel's one blocking wait on an actor
+//! ([`ask`]). It is safe because a hook never runs on an arbiter that the answering actor
+//! needs (see [`ask`]).
 
 use std::sync::Arc;
 
@@ -17,7 +21,7 @@ use cairn_plugin_sdk::{
 use parking_lot::Mutex;
 
 use crate::actors::bank::{PutEntries, QueryBank, UpdateEntries};
-use crate::actors::policy::{call, Generate, PolicyVersion, Score, ScoreTopK};
+use crate::actors::policy::{Generate, PolicyVersion, Score, ScoreTopK};
 use crate::actors::skills::Reflect;
 use crate::backend::{SamplingParams, Sequence, Weights};
 use crate::error::Error;
@@ -54,6 +58,24 @@ pub struct KernelHost<'a> {
 
 fn host_error(e: Error) -> PluginError {
     PluginError::host(e.to_string())
+}
+
+/// Sends `msg` and blocks this thread until the answer comes: the answer of a plugin's
+/// synchronous [`Host`] call (the plugin ABI has no futures). This is the kernel's one
+/// blocking wait on another actor, and it cannot deadlock: a hook runs on a plugin-call
+/// worker thread ([`crate::deadline`]) or, with no deadline, on its calling actor's own
+/// arbiter (the rollout and optimizer actors each have one), never on a thread the answering
+/// actor needs (the policy and bank actors have `SyncArbiter` threads, the skill creator the
+/// system arbiter).
+fn ask<M, T>(recipient: &Recipient<M>, msg: M) -> cairn_plugin_sdk::Result<T>
+where
+    M: Message<Result = crate::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    futures::executor::block_on(recipient.send(msg))
+        .map_err(Error::from)
+        .and_then(|answer| answer)
+        .map_err(host_error)
 }
 
 impl<'a> KernelHost<'a> {
@@ -117,16 +139,14 @@ impl Host for KernelHost<'_> {
                 )));
             }
             let scored: Vec<Scored> = if requests[i].top_k == 0 {
-                call(
+                ask(
                     &self.links.score,
                     Score {
                         sequences,
                         temperature,
                         weights,
                     },
-                )
-                .and_then(|r| r)
-                .map_err(host_error)?
+                )?
                 .into_iter()
                 .map(|logprobs| Scored {
                     logprobs,
@@ -134,7 +154,7 @@ impl Host for KernelHost<'_> {
                 })
                 .collect()
             } else {
-                call(
+                ask(
                     &self.links.score_top_k,
                     ScoreTopK {
                         sequences,
@@ -142,9 +162,7 @@ impl Host for KernelHost<'_> {
                         weights,
                         top_k: requests[i].top_k,
                     },
-                )
-                .and_then(|r| r)
-                .map_err(host_error)?
+                )?
             };
             if scored.len() != members.len() {
                 return Err(PluginError::host(format!(
@@ -174,15 +192,13 @@ impl Host for KernelHost<'_> {
                 stop_ids: self.links.builder.stop_ids().to_vec(),
                 seed: r.seed,
             };
-            let g = call(
+            let g = ask(
                 &self.links.generate,
                 Generate {
                     prompts: vec![r.prompt_ids.clone()],
                     params,
                 },
-            )
-            .and_then(|r| r)
-            .map_err(host_error)?;
+            )?;
             out.extend(g.generations.into_iter().map(|g| Generation {
                 ids: g.ids,
                 logprobs: g.logprobs,
@@ -204,13 +220,11 @@ impl Host for KernelHost<'_> {
     }
 
     fn bank_query(&self, query: &BankQuery) -> cairn_plugin_sdk::Result<Vec<Retrieved>> {
-        call(&self.links.bank_query, QueryBank(query.clone()))
-            .and_then(|r| r)
-            .map_err(host_error)
+        ask(&self.links.bank_query, QueryBank(query.clone()))
     }
 
     fn bank_put(&self, entries: &[NewEntry]) -> cairn_plugin_sdk::Result<Vec<u64>> {
-        call(
+        ask(
             &self.links.bank_put,
             PutEntries {
                 entries: entries.to_vec(),
@@ -219,14 +233,10 @@ impl Host for KernelHost<'_> {
                 writer: self.links.writer.clone(),
             },
         )
-        .and_then(|r| r)
-        .map_err(host_error)
     }
 
     fn bank_update(&self, updates: &[StatsUpdate]) -> cairn_plugin_sdk::Result<()> {
-        call(&self.links.bank_update, UpdateEntries(updates.to_vec()))
-            .and_then(|r| r)
-            .map_err(host_error)
+        ask(&self.links.bank_update, UpdateEntries(updates.to_vec()))
     }
 
     fn reflect(&self, requests: &[ReflectionRequest]) -> cairn_plugin_sdk::Result<Vec<u64>> {
@@ -240,7 +250,7 @@ impl Host for KernelHost<'_> {
             .filter(|r| wanted.contains(&r.trajectory_id))
             .cloned()
             .collect();
-        call(
+        ask(
             &self.links.reflect,
             Reflect {
                 requests: requests.to_vec(),
@@ -250,8 +260,6 @@ impl Host for KernelHost<'_> {
                 writer: self.links.writer.clone(),
             },
         )
-        .and_then(|r| r)
-        .map_err(host_error)
     }
 
     fn log_metric(&self, name: &str, value: f64) {

@@ -3,14 +3,14 @@
 //! | actor | runs on | does |
 //! |---|---|---|
 //! | [`policy::PolicyActor`] | `SyncArbiter` (1 thread) | owns the backend: sample, score, train, checkpoint |
-//! | [`rollout::RolloutActor`] ×2 | `SyncArbiter` each | the producer plays one RL step per [`flow::Produce`] and forwards it to the reward actor; the other serves evaluations, demonstrations and resample rounds |
+//! | [`rollout::RolloutActor`] ×2 | an arbiter of its own each (async; the environment's calls block only it) | the producer plays one RL step per [`flow::Produce`] and forwards it to the reward actor; the other serves evaluations, demonstrations and resample rounds |
 //! | [`pull::PullSource`] (with the gateway) | async arbiter | the producer's place: asks the gateway's episode source for each step's groups and forwards them |
 //! | [`reward::RewardActor`] | async arbiter | final rewards and shaping; forwards each step to the optimizer |
 //! | [`bank::ExperienceBankActor`] | `SyncArbiter` | the experience bank (SQLite): query, put, update, checkpoint |
 //! | [`pool::DataPoolActor`] | `SyncArbiter` (1 thread) | the data pool (SQLite): one transaction per RL step, evaluations, curated exclusions, truncation on resume |
 //! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
-//! | [`optimizer::OptimizerActor`] | `SyncArbiter` | trains the forwarded steps in order: prepare (staleness, ℓ_old / ℓ_ref), signals and resampling, update, `observe`, record; reports each step to the trainer |
-//! | [`crate::engine::EngineActor`] (with `[rollout.engine]`) | `SyncArbiter` | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
+//! | [`optimizer::OptimizerActor`] | an arbiter of its own (async; the algorithm's hooks block only it) | trains the forwarded steps in order: prepare (staleness, ℓ_old / ℓ_ref), signals and resampling, update, `observe`, record; reports each step to the trainer |
+//! | [`crate::engine::EngineActor`] (with `[rollout.engine]`) | async arbiter (its HTTP calls on threads of their own) | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
 //!
 //! [`host::KernelHost`] is the plugins' [`cairn_plugin_sdk::Host`]: messages to the policy, the
 //! bank and the skill creator, made from the rollout and optimizer threads.
@@ -25,6 +25,7 @@
 
 pub mod bank;
 pub mod flow;
+pub mod hooks;
 pub mod host;
 pub mod optimizer;
 pub mod policy;
@@ -67,8 +68,8 @@ pub struct Pipeline {
     /// rollout actor, and generation pauses around weight updates. `None` from [`start`];
     /// attach one with [`Pipeline::attach_gateway`].
     pub gateway: Option<crate::gateway::GatewayLink>,
-    /// The `SyncArbiter` threads above (policy, rollout, optimizer, bank): the host waits on it,
-    /// after the actix system is dropped, before the process exits (see [`threads`]).
+    /// The `SyncArbiter` threads above (policy, bank, pool): the host waits on it, after the
+    /// actix system is dropped, before the process exits (see [`threads`]).
     pub threads: threads::SyncThreads,
 }
 
@@ -177,8 +178,10 @@ pub fn start(parts: PipelineParts) -> Pipeline {
     };
     let turn_context = parts.algorithm.lock().requirements().turn_context;
     // The rollout actors' generation: the policy actor, or the external engine.
+    // Async, and it never blocks (its HTTP calls run on threads of their own): beside the
+    // reward and skill actors.
     let engine = parts.engine.map(|(client, settings)| {
-        let actor = Mutex::new(Some(crate::engine::EngineActor::new(
+        crate::engine::EngineActor::new(
             client,
             settings,
             crate::engine::PolicyLinks {
@@ -186,8 +189,8 @@ pub fn start(parts: PipelineParts) -> Pipeline {
                 export: policy.clone().recipient(),
                 score: policy.clone().recipient(),
             },
-        )));
-        threads.start(move || actor.lock().take().expect("the engine actor is built once"))
+        )
+        .start()
     });
     let rollout_generate: Recipient<policy::Generate> = match &engine {
         Some(e) => e.clone().recipient(),
@@ -201,54 +204,56 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         let generate = rollout_generate.clone();
         let settings = parts.rollout.clone();
         let links = links.clone();
-        threads.start(move || rollout::RolloutActor {
-            env: env.clone(),
-            builder: builder.clone(),
-            algorithm: algorithm.clone(),
-            policy: generate.clone(),
-            links: links.clone(),
+        // On an arbiter of its own: the environment's calls block its thread.
+        let arbiter = Arbiter::new().handle();
+        rollout::RolloutActor::start_in_arbiter(&arbiter.clone(), move |_| rollout::RolloutActor {
+            env,
+            builder,
+            algorithm,
+            policy: generate,
+            links,
             turn_context,
-            forward: forward.clone(),
-            settings: settings.clone(),
+            forward,
+            settings,
             train_tasks: info.train_tasks,
             test_tasks: info.test_tasks,
             env_max_turns: info.max_turns,
+            arbiter: Some(arbiter),
         })
     };
     let rollout = rollout_actor(None);
 
+    // On an arbiter of its own: the algorithm's hooks run synchronously on its thread.
     let optimizer = {
-        let algorithm = parts.algorithm.clone();
-        let links = links.clone();
-        let score = policy.clone().recipient();
-        let version = policy.clone().recipient();
-        let train = policy.clone().recipient();
-        let sft = policy.clone().recipient();
-        let source = rollout.clone().recipient();
-        let reward = parts.reward.clone();
-        let record = pool.clone().recipient();
-        let exclusions = pool.clone().recipient();
-        let take_finished = skills.clone().recipient();
-        let engine_stats = engine.clone().map(Addr::recipient);
-        let objective = parts.objective.clone();
-        let settings = parts.optimizer.clone();
-        threads.start(move || optimizer::OptimizerActor {
-            algorithm: algorithm.clone(),
-            links: links.clone(),
-            score: score.clone(),
-            version: version.clone(),
-            train: train.clone(),
-            sft: sft.clone(),
-            source: source.clone(),
-            reward: reward.clone(),
-            record: record.clone(),
-            exclusions: exclusions.clone(),
-            take_finished: take_finished.clone(),
-            objective: objective.clone(),
-            settings: settings.clone(),
-            phase: None,
+        let stages = optimizer::Stages {
+            hooks: hooks::Hooks {
+                algorithm: parts.algorithm.clone(),
+                links: links.clone(),
+                timeout: parts.optimizer.plugin_timeout,
+                actor: "optimizer",
+            },
+            score: policy.clone().recipient(),
+            version: policy.clone().recipient(),
+            train: policy.clone().recipient(),
+            sft: policy.clone().recipient(),
+            source: rollout.clone().recipient(),
+            reward: parts.reward.clone(),
+            record: pool.clone().recipient(),
+            exclusions: pool.clone().recipient(),
+            take_finished: skills.clone().recipient(),
+            objective: parts.objective.clone(),
+            settings: parts.optimizer.clone(),
             gateway: None,
-            engine: engine_stats.clone(),
+            engine: engine.clone().map(Addr::recipient),
+        };
+        let arbiter = Arbiter::new().handle();
+        optimizer::OptimizerActor::start_in_arbiter(&arbiter.clone(), move |_| {
+            optimizer::OptimizerActor {
+                stages,
+                phase: None,
+                busy: false,
+                arbiter: Some(arbiter),
+            }
         })
     };
     let reward = reward::RewardActor {

@@ -15,8 +15,10 @@
 //!
 //! The warm start's supervised steps go through it too ([`SupervisedStep`]).
 //!
-//! It runs on a `SyncArbiter` thread: the plugin's host callbacks and the policy actor's
-//! answers block it, never an async arbiter.
+//! It is an async actor on an arbiter of its own: every request to another actor (the policy's
+//! scoring and update, the pool, the skill creator) is awaited, and only the algorithm's hooks
+//! ([`Hooks`]: synchronous, under the plugin deadline, with host callbacks that block their
+//! calling thread) hold its thread, never one another actor needs.
 //!
 //! Scoring is skipped where it would only repeat known numbers: with
 //! `optimizer.reuse_rollout_logprobs`, a row sampled by the live weights (same version, full
@@ -30,19 +32,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use cairn_plugin_sdk::{Algorithm, Batch, Signals, StepReport as AlgorithmReport, TurnRow};
-use parking_lot::Mutex;
+use cairn_plugin_sdk::{Batch, Signals, StepReport as AlgorithmReport, TurnRow};
 use serde_json::{json, Map, Value};
 
 use crate::actors::flow::{Arrived, Collected, Proceed, StartRl, StepDone, StepOutcome};
-use crate::actors::host::{HostLinks, KernelHost};
-use crate::actors::policy::{call, PolicyVersion, Score, TrainStep};
+use crate::actors::hooks::Hooks;
+use crate::actors::policy::{PolicyVersion, Score, TrainStep};
 use crate::actors::pool::{ReadExclusions, RecordStep};
-use crate::actors::reward::RewardConfig;
-use crate::actors::rollout::{collect_round, CollectGroups};
+use crate::actors::reward::{reward_rollouts, RewardConfig};
+use crate::actors::rollout::CollectGroups;
 use crate::actors::skills::TakeFinished;
 use crate::backend::{Sequence, StepReport, Weights};
-use crate::deadline::{plugin_call, Site};
 use crate::error::{Error, Result};
 use crate::gateway::{PauseSampling, ResumeSampling};
 use crate::loss::SftLoss;
@@ -51,9 +51,6 @@ use crate::objective::{
     ObjectiveConfig, RlLoss,
 };
 use crate::pool::{EpisodeWrite, Exclusions, Source, StepWrite, TurnWrite};
-
-/// A signals call's answer: the batch back, the plugin's answer, and the metrics it logged.
-type SignalsAnswer = (Batch, cairn_plugin_sdk::Result<Signals>, Vec<(String, f64)>);
 
 /// What the optimizer needs from the pipeline config.
 #[derive(Clone, Debug)]
@@ -81,9 +78,24 @@ pub struct OptimizerSettings {
     pub plugin_timeout: Option<std::time::Duration>,
 }
 
+/// The optimizer actor: the RL phase's state ([`RlPhase`]) and the [`Stages`] that train a
+/// step. Start it on an arbiter of its own ([`super::start`]): its algorithm hooks run
+/// synchronously (under the plugin deadline) and must not hold up the other actors.
 pub struct OptimizerActor {
-    pub algorithm: Arc<Mutex<Box<dyn Algorithm>>>,
-    pub links: HostLinks,
+    pub stages: Stages,
+    /// The RL phase under way ([`StartRl`]); `None` before it and after a failed step.
+    pub phase: Option<RlPhase>,
+    /// A stage is running (its future holds the actor's context).
+    pub busy: bool,
+    /// The arbiter the actor runs on alone, stopped when the actor stops.
+    pub arbiter: Option<ArbiterHandle>,
+}
+
+/// Everything a step's stages need: the algorithm and the addresses of the actors they ask.
+/// Cheap to clone (shared handles), so each stage runs as a future that owns one.
+#[derive(Clone)]
+pub struct Stages {
+    pub hooks: Hooks,
     pub score: Recipient<Score>,
     pub version: Recipient<PolicyVersion>,
     pub train: Recipient<TrainStep<RlLoss>>,
@@ -100,8 +112,6 @@ pub struct OptimizerActor {
     pub take_finished: Recipient<TakeFinished>,
     pub objective: ObjectiveConfig,
     pub settings: OptimizerSettings,
-    /// The RL phase under way ([`StartRl`]); `None` before it and after a failed step.
-    pub phase: Option<RlPhase>,
     /// With the gateway: generation pauses around each weight update.
     pub gateway: Option<(Recipient<PauseSampling>, Recipient<ResumeSampling>)>,
     /// With an external rollout engine: its sync counters go into each step's metrics.
@@ -142,7 +152,13 @@ struct Prepared {
 }
 
 impl Actor for OptimizerActor {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(arbiter) = self.arbiter.take() {
+            arbiter.stop();
+        }
+    }
 }
 
 /// One supervised step of the warm start: imitate every response token.
@@ -153,23 +169,24 @@ pub struct SupervisedStep {
 }
 
 impl Handler<SupervisedStep> for OptimizerActor {
-    type Result = Result<(StepReport, SftLoss)>;
+    type Result = ResponseFuture<Result<(StepReport, SftLoss)>>;
     fn handle(&mut self, msg: SupervisedStep, _: &mut Self::Context) -> Self::Result {
         let masks = msg
             .sequences
             .iter()
             .map(|s| vec![1u8; s.response_ids.len()])
             .collect();
-        let micro = micro_batches(msg.sequences.len(), self.settings.micro_batch_rows);
-        call(
-            &self.sft,
-            TrainStep {
+        let micro = micro_batches(msg.sequences.len(), self.stages.settings.micro_batch_rows);
+        let sft = self.stages.sft.clone();
+        Box::pin(async move {
+            sft.send(TrainStep {
                 sequences: msg.sequences,
                 micro_batches: micro,
                 temperature: 1.0,
                 loss: SftLoss::new(masks),
-            },
-        )?
+            })
+            .await?
+        })
     }
 }
 
@@ -186,8 +203,8 @@ pub struct AttachGateway {
 impl Handler<AttachGateway> for OptimizerActor {
     type Result = ();
     fn handle(&mut self, msg: AttachGateway, _: &mut Self::Context) {
-        self.source = msg.collect;
-        self.gateway = Some((msg.pause, msg.resume));
+        self.stages.source = msg.collect;
+        self.stages.gateway = Some((msg.pause, msg.resume));
     }
 }
 
@@ -211,100 +228,152 @@ impl Handler<StartRl> for OptimizerActor {
 
 impl Handler<Arrived> for OptimizerActor {
     type Result = ();
-    fn handle(&mut self, msg: Arrived, _: &mut Self::Context) {
+    fn handle(&mut self, msg: Arrived, ctx: &mut Self::Context) {
         let Some(phase) = &mut self.phase else {
-            tracing::warn!(step = msg.step, "a step arrived outside the RL phase; dropped");
+            tracing::warn!(
+                step = msg.step,
+                "a step arrived outside the RL phase; dropped"
+            );
             return;
         };
         phase.latest = Some(phase.latest.map_or(msg.step, |l| l.max(msg.step)));
         phase.arrived.insert(msg.step, msg.collected);
-        self.advance();
+        self.advance(ctx);
     }
 }
 
 impl Handler<Proceed> for OptimizerActor {
     type Result = ();
-    fn handle(&mut self, msg: Proceed, _: &mut Self::Context) {
+    fn handle(&mut self, msg: Proceed, ctx: &mut Self::Context) {
         if let Some(phase) = &mut self.phase {
             phase.acked = phase.acked.max(msg.step);
         }
-        self.advance();
+        self.advance(ctx);
     }
 }
 
 impl OptimizerActor {
-    /// Prepares and trains every step the rules allow now ([`super::flow`]).
-    fn advance(&mut self) {
-        loop {
-            let Some(mut phase) = self.phase.take() else {
+    /// Starts the next stage the rules allow ([`super::flow`]): prepare step `next` once its
+    /// batch is in, train it once the trainer has acknowledged the step before and step
+    /// `next + lag` has arrived. Each stage runs as a future that holds the actor's context
+    /// (`ctx.wait`), so messages arriving meanwhile wait; its end calls `advance` again.
+    fn advance(&mut self, ctx: &mut Context<Self>) {
+        if self.busy {
+            return;
+        }
+        let Some(phase) = &mut self.phase else {
+            return;
+        };
+        let step = phase.next;
+        if step >= phase.end {
+            return;
+        }
+        if phase.prepared.is_none() {
+            let Some(collected) = phase.arrived.remove(&step) else {
                 return;
             };
-            let step = phase.next;
-            if step >= phase.end {
-                self.phase = Some(phase);
-                return;
-            }
-            if phase.prepared.is_none() {
-                let Some(collected) = phase.arrived.remove(&step) else {
-                    self.phase = Some(phase);
-                    return;
-                };
-                match collected.and_then(|c| self.prepare(step, c)) {
-                    Ok(prepared) => phase.prepared = Some(prepared),
-                    Err(e) => {
-                        // The phase ends here: nothing after a failed step is trained.
-                        let _ = self.resume_sampling();
-                        let _ = phase.reports.unbounded_send(StepDone {
-                            step,
-                            outcome: Err(e),
-                        });
-                        return;
+            self.busy = true;
+            let stages = self.stages.clone();
+            let prepare = async move { stages.prepare(step, collected?).await };
+            ctx.wait(prepare.into_actor(self).map(move |prepared, act, ctx| {
+                act.busy = false;
+                match prepared {
+                    Ok(p) => {
+                        if let Some(phase) = &mut act.phase {
+                            phase.prepared = Some(p);
+                        }
+                        act.advance(ctx);
                     }
+                    Err(e) => act.fail(step, e, ctx),
                 }
-            }
-            let lead_in = phase.latest.is_some_and(|l| l >= step + phase.lag)
-                || step + phase.lag >= phase.end;
-            if phase.acked < step || !lead_in {
-                self.phase = Some(phase);
-                return;
-            }
-            let prepared = phase.prepared.take().expect("prepared above");
-            let outcome = self.train_prepared(
-                step,
-                phase.global_step,
-                &phase.next_group_id,
-                prepared,
-            );
-            let resumed = self.resume_sampling();
-            let outcome = outcome.and_then(|o| resumed.map(|()| o));
-            let failed = outcome.is_err();
-            let _ = phase.reports.unbounded_send(StepDone { step, outcome });
-            if failed {
-                return;
-            }
-            phase.next += 1;
-            phase.global_step += 1;
-            self.phase = Some(phase);
+            }));
+            return;
         }
+        let lead_in =
+            phase.latest.is_some_and(|l| l >= step + phase.lag) || step + phase.lag >= phase.end;
+        if phase.acked < step || !lead_in {
+            return;
+        }
+        let prepared = phase.prepared.take().expect("checked above");
+        let (global_step, next_group_id) = (phase.global_step, phase.next_group_id.clone());
+        self.busy = true;
+        let stages = self.stages.clone();
+        let train = async move {
+            let outcome = stages
+                .train(step, global_step, &next_group_id, prepared)
+                .await;
+            let resumed = stages.resume_sampling().await;
+            outcome.and_then(|o| resumed.map(|()| o))
+        };
+        ctx.wait(train.into_actor(self).map(move |outcome, act, ctx| {
+            act.busy = false;
+            match outcome {
+                Ok(outcome) => {
+                    let Some(phase) = &mut act.phase else {
+                        return;
+                    };
+                    let _ = phase.reports.unbounded_send(StepDone {
+                        step,
+                        outcome: Ok(outcome),
+                    });
+                    phase.next += 1;
+                    phase.global_step += 1;
+                    act.advance(ctx);
+                }
+                Err(e) => act.fail(step, e, ctx),
+            }
+        }));
     }
 
-    fn pause_sampling(&self) -> Result<()> {
+    /// Step `step` failed: the phase ends here (nothing after a failed step is trained), the
+    /// gateway samples again, and the trainer gets the error.
+    fn fail(&mut self, step: u64, error: Error, ctx: &mut Context<Self>) {
+        let Some(phase) = self.phase.take() else {
+            return;
+        };
+        let stages = self.stages.clone();
+        ctx.spawn(
+            async move {
+                if let Err(e) = stages.resume_sampling().await {
+                    tracing::warn!("resuming the gateway's sampling after a failed step: {e}");
+                }
+                let _ = phase.reports.unbounded_send(StepDone {
+                    step,
+                    outcome: Err(error),
+                });
+            }
+            .into_actor(self),
+        );
+    }
+}
+
+/// What the signals stage decided.
+struct Decided {
+    signals: Signals,
+    /// Metrics the plugin logged through the host while computing them.
+    host_metrics: Vec<(String, f64)>,
+    /// Resample rounds run.
+    rounds: u32,
+}
+
+impl Stages {
+    async fn pause_sampling(&self) -> Result<()> {
         if let Some((pause, _)) = &self.gateway {
-            call(pause, PauseSampling)?;
+            pause.send(PauseSampling).await?;
         }
         Ok(())
     }
 
-    fn resume_sampling(&self) -> Result<()> {
+    async fn resume_sampling(&self) -> Result<()> {
         if let Some((_, resume)) = &self.gateway {
-            call(resume, ResumeSampling)?;
+            resume.send(ResumeSampling).await?;
         }
         Ok(())
     }
 
     /// The prepare stage: staleness, exclusions, `ℓ_old` and `ℓ_ref` of the step's batch,
     /// with the weights after the previous step's update.
-    fn prepare(&self, step: u64, mut collected: Collected) -> Result<Prepared> {
+    async fn prepare(&self, step: u64, mut collected: Collected) -> Result<Prepared> {
         let started = Instant::now();
         if collected.step != step {
             return Err(Error::Other(format!(
@@ -316,14 +385,16 @@ impl OptimizerActor {
         // clients keep joining it, and every policy call of the step (its version, the
         // scoring, the update, host services of the plugins) waits behind that pass: sampling
         // pauses from the moment the step's groups are in until the step is done.
-        self.pause_sampling()?;
-        let version = call(&self.version, PolicyVersion)?;
-        let stale = self.drop_stale(&mut collected.batch, version);
+        self.pause_sampling().await?;
+        let version = self.version.send(PolicyVersion).await?;
+        let stale = drop_stale(self.settings.max_staleness, &mut collected.batch, version);
         // Curation: rows the user excluded in the pool are skipped from this step on.
-        let exclusions = call(&self.exclusions, ReadExclusions)??;
+        let exclusions = self.exclusions.send(ReadExclusions).await??;
         let mut curated = Curated::default();
         curated.apply(&mut collected.batch, &exclusions, 0);
-        let mismatch = self.fill_logprobs(&mut collected.batch.rows, version)?;
+        let mismatch = self
+            .fill_logprobs(&mut collected.batch.rows, version)
+            .await?;
         Ok(Prepared {
             collected,
             version,
@@ -336,162 +407,60 @@ impl OptimizerActor {
     }
 
     /// The signals, update, observe and record stages of a prepared step.
-    fn train_prepared(
-        &mut self,
+    async fn train(
+        &self,
         step: u64,
         global_step: u64,
         next_group_id: &AtomicU64,
-        prepared: Prepared,
+        mut prepared: Prepared,
     ) -> Result<StepOutcome> {
+        let decided = self.decide(step, next_group_id, &mut prepared).await?;
         let Prepared {
             mut collected,
-            version: version_now,
-            mut stale,
-            exclusions,
-            mut curated,
-            mismatch: mut metrics,
+            version,
+            stale,
+            curated,
+            mismatch,
             started,
+            ..
         } = prepared;
-        let b = self.settings.tasks_per_step;
-        let mut values = Map::new();
-
-        // Under the deadline too: with rollouts running ahead, a planning call that hung on the
-        // producer's side holds the algorithm.
-        let algorithm = self.algorithm.clone();
-        let plugin = format!("algorithm `{}`", self.links.writer);
-        let site = Site {
-            actor: "optimizer",
-            plugin: &plugin,
-            call: "requirements",
-            key: "run.plugin_timeout_s",
-        };
-        let dynamic = plugin_call(
-            self.settings.plugin_timeout,
-            &site,
-            || format!("RL step {step}; the plugin may be stuck in an earlier call"),
-            move || algorithm.lock().requirements().dynamic_sampling,
-        )?;
-        let mut round = 0u32;
-        let (signals, host_metrics) = loop {
-            let (batch, signals, host_metrics) =
-                self.signals(std::mem::take(&mut collected.batch), step, version_now)?;
-            collected.batch = batch;
-            let signals = signals.map_err(|error| Error::Signals { step, error })?;
-            signals
-                .validate_against(&collected.batch)
-                .map_err(|error| Error::Signals { step, error })?;
-            let groups: std::collections::HashSet<u64> =
-                collected.batch.rows.iter().map(|r| r.group_id).collect();
-            let kept = groups.len().saturating_sub(signals.dropped_groups.len());
-            if !dynamic || kept >= b || round >= self.settings.max_resample_rounds {
-                break (signals, host_metrics);
-            }
-            // Dynamic sampling: collect more groups; only the new rows are scored, and the
-            // (pure) signals run again on the grown batch.
-            round += 1;
-            let want = b - kept;
-            // More episodes are sampled meanwhile (the gateway's clients play them).
-            self.resume_sampling()?;
-            let more = collect_round(
-                &self.source,
-                &self.reward,
-                CollectGroups {
-                    step,
-                    round,
-                    groups: want,
-                    first_group_id: next_group_id.fetch_add(want as u64, Ordering::SeqCst),
-                },
-            );
-            self.pause_sampling()?;
-            let mut more = more?;
-            let more_stale = self.drop_stale(&mut more.batch, version_now);
-            stale
-                .removed
-                .extend(more_stale.removed.into_iter().map(|(r, _)| (r, round)));
-            for r in more.batch.rows.iter().chain(&more.failure_dropped) {
-                curated.rounds.insert(r.trajectory_id, round);
-            }
-            curated.apply(&mut more.batch, &exclusions, round);
-            let more_metrics = self.fill_logprobs(&mut more.batch.rows, version_now)?;
-            metrics = merge_mismatch(metrics, more_metrics);
-            collected.extend(more);
-        };
-        let mut signals = signals;
-        self.fill_extra_rows(&mut signals.extra_rows)?;
-
-        for (k, v) in crate::objective::metrics::batch_metrics(&collected.batch, &signals) {
-            values.insert(k, json!(v));
-        }
-        for (k, v) in metrics
-            .into_iter()
-            .chain(signals.metrics.iter().cloned())
+        let Decided {
+            mut signals,
+            host_metrics,
+            rounds,
+        } = decided;
+        self.fill_extra_rows(&mut signals.extra_rows).await?;
+        let mut metrics = StepMetrics::collected(&collected, &signals, &stale, rounds);
+        metrics.mismatch = mismatch;
+        metrics.signals = signals
+            .metrics
+            .iter()
+            .cloned()
             .chain(host_metrics)
-        {
-            values.insert(k, json!(v));
-        }
-        values.insert("episodes/failed".into(), json!(collected.failed.len()));
-        for kind in crate::rollout::FailureKind::ALL {
-            let n = collected.failed.iter().filter(|f| f.kind == kind).count();
-            values.insert(format!("episodes/failed_{kind}"), json!(n));
-        }
-        values.insert("resample_rounds".into(), json!(round));
-        values.insert(
-            "tokens_per_s".into(),
-            json!(collected.sampled_tokens as f64 / collected.rollout_secs.max(1e-9)),
-        );
-        values.insert("rollout_time_s".into(), json!(collected.rollout_secs));
-        values.insert("reward/unplaceable".into(), json!(collected.unplaceable));
-        // Planning and per-turn metrics run once per group or turn: summed by name.
-        let mut planned: Vec<(String, f64)> = Vec::new();
-        for (k, v) in &collected.metrics {
-            match planned.iter_mut().find(|(name, _)| name == k) {
-                Some((_, total)) => *total += v,
-                None => planned.push((k.clone(), *v)),
-            }
-        }
-        for (k, v) in planned {
-            values.insert(k, json!(v));
-        }
-        stale.insert_into(&mut values);
+            .collect();
         if let Some(engine) = &self.engine {
-            let stats = call(engine, crate::engine::ReadEngineStats)?;
-            values.insert("engine/syncs".into(), json!(stats.syncs));
-            values.insert("engine/probe_mismatch".into(), json!(stats.probe_mismatch));
-            if let Some(v) = stats.served_version {
-                values.insert("engine/served_version".into(), json!(v));
-            }
+            metrics.engine = Some(engine.send(crate::engine::ReadEngineStats).await?);
         }
-        values.insert("pool/excluded_rows".into(), json!(curated.rows()));
+        metrics.excluded_rows = curated.rows();
         // Excluded turns stay in the batch for the signals, their mask zeroed: not trained.
         let pool_rows = collected.batch.rows.clone();
         let seeds = std::mem::take(&mut collected.seeds);
         let failed = std::mem::take(&mut collected.failed);
         let failure_dropped = std::mem::take(&mut collected.failure_dropped);
 
+        // Update.
         let t = Instant::now();
-        let (steps, losses) = self.optimise(&collected.batch, &signals)?;
-        let train_secs = t.elapsed().as_secs_f64();
-        if let Some(loss) = losses.last() {
-            if let Value::Object(m) = serde_json::to_value(loss).unwrap_or(Value::Null) {
-                values.extend(m);
-            }
-        }
-        let trained: usize = steps.iter().map(|s| s.tokens).sum();
-        if let Some(s) = steps.last() {
-            values.insert("grad_norm".into(), json!(s.grad_norm));
-        }
-        values.insert(
-            "train_tokens_per_s".into(),
-            json!(trained as f64 / train_secs.max(1e-9)),
-        );
-        values.insert("train_time_s".into(), json!(train_secs));
-        let policy_version = steps.last().map_or(version_now, |s| s.policy_version);
+        let (updates, losses) = self.update(&collected.batch, &signals).await?;
+        metrics.train_time_s = t.elapsed().as_secs_f64();
+        let trained: usize = updates.iter().map(|s| s.tokens).sum();
+        metrics.loss = losses.last().cloned();
+        metrics.grad_norm = updates.last().map(|s| s.grad_norm);
+        metrics.train_tokens_per_s = trained as f64 / metrics.train_time_s.max(1e-9);
+        let policy_version = updates.last().map_or(version, |s| s.policy_version);
 
-        // The step is done: the algorithm updates its state once, from every row of the step.
-        let finished = call(&self.take_finished, TakeFinished)??;
-        for (k, v) in &finished.metrics {
-            values.insert(k.clone(), json!(v));
-        }
+        // Observe: the algorithm updates its state once, from every row of the step.
+        let finished = self.take_finished.send(TakeFinished).await??;
+        metrics.reflections = finished.metrics;
         let mut dropped_groups = signals.dropped_groups.clone();
         dropped_groups.extend(stale.groups.iter().copied());
         let report = AlgorithmReport {
@@ -502,133 +471,146 @@ impl OptimizerActor {
             new_entries: finished.new_entries,
             failed_reflections: finished.failed,
         };
-        let (links, algorithm) = (self.links.clone(), self.algorithm.clone());
-        let plugin = format!("algorithm `{}`", self.links.writer);
-        let site = Site {
-            actor: "optimizer",
-            plugin: &plugin,
-            call: "observe",
-            key: "run.plugin_timeout_s",
-        };
-        let (observed, observe_metrics) = plugin_call(
-            self.settings.plugin_timeout,
-            &site,
+        let (_, observed, observe_metrics) = self.hooks.call(
+            "observe",
+            step,
+            policy_version,
             || format!("RL step {step}"),
-            move || {
-                let host = KernelHost::new(&links, step, policy_version, &report.batch.rows);
-                let observed = algorithm.lock().observe(&report, &host);
-                (observed, host.into_metrics())
-            },
+            report,
+            |r| &r.batch.rows,
+            |algorithm, report, host| algorithm.observe(report, host),
         )?;
         observed?;
-        for (k, v) in observe_metrics {
-            values.insert(k, json!(v));
-        }
-        values.insert("step_time_s".into(), json!(started.elapsed().as_secs_f64()));
-        let source = if self.gateway.is_some() {
-            crate::pool::Source::Gateway
-        } else {
-            crate::pool::Source::Rollout
-        };
+        metrics.observe = observe_metrics;
+        metrics.step_time_s = started.elapsed().as_secs_f64();
+        let values = metrics.into_values();
+
+        // Record, off the step's path: the pool actor writes it while the next step runs,
+        // and keeps a failure for the trainer's next `Flush`.
         let terms = term_decisions(&pool_rows, &signals);
-        let write = step_write(StepParts {
+        self.record.do_send(RecordStep(step_write(StepParts {
             step,
             global_step,
             policy_version,
-            source,
+            source: if self.gateway.is_some() {
+                Source::Gateway
+            } else {
+                Source::Rollout
+            },
             rows: pool_rows,
             advantages: signals.advantages,
             dropped_groups: &signals.dropped_groups,
             terms,
-            resample_rounds: round,
+            resample_rounds: rounds,
             stale,
             curated,
             seeds,
             failed,
             failure_dropped,
             metrics: &values,
-        });
-        // Off the step's path: the pool actor writes it while the next step runs, and keeps a
-        // failure for the trainer's next `Flush`.
-        self.record.do_send(RecordStep(write));
+        })));
         Ok(StepOutcome {
             values,
             policy_version,
         })
     }
 
-    /// The algorithm's signals on `batch` under the plugin deadline (see [`SignalsAnswer`]).
-    fn signals(&self, batch: Batch, step: u64, version: u64) -> Result<SignalsAnswer> {
-        let (links, algorithm) = (self.links.clone(), self.algorithm.clone());
-        let plugin = format!("algorithm `{}`", self.links.writer);
-        let site = Site {
-            actor: "optimizer",
-            plugin: &plugin,
-            call: "signals",
-            key: "run.plugin_timeout_s",
-        };
-        let rows = batch.rows.len();
-        plugin_call(
-            self.settings.plugin_timeout,
-            &site,
-            || format!("RL step {step}, {rows} rows"),
-            move || {
-                let host = KernelHost::new(&links, step, version, &batch.rows);
-                let signals = algorithm.lock().signals(&batch, &host);
-                let metrics = host.into_metrics();
-                (batch, signals, metrics)
-            },
-        )
-    }
-
-    /// Drops every trajectory with a row more than `max_staleness` versions behind `now`.
-    fn drop_stale(&self, batch: &mut Batch, now: u64) -> Staleness {
-        let k = self.settings.max_staleness;
-        let mut out = Staleness::default();
-        let stale_trajectories: std::collections::HashSet<u64> = batch
-            .rows
-            .iter()
-            .filter(|r| now.saturating_sub(r.policy_version) > k)
-            .map(|r| r.trajectory_id)
-            .collect();
-        let mut sum = 0u64;
-        for r in &batch.rows {
-            let lag = now.saturating_sub(r.policy_version);
-            out.max = out.max.max(lag);
-            sum += lag;
+    /// The signals stage: the algorithm's signals on the batch, with dynamic sampling's
+    /// resample rounds (more groups collected and prepared while it drops some).
+    async fn decide(
+        &self,
+        step: u64,
+        next_group_id: &AtomicU64,
+        prepared: &mut Prepared,
+    ) -> Result<Decided> {
+        let b = self.settings.tasks_per_step;
+        let version = prepared.version;
+        // Under the deadline too: with rollouts running ahead, a planning call that hung on
+        // the producer's side holds the algorithm.
+        let (dynamic, _) = self.hooks.call_plain(
+            "requirements",
+            step,
+            version,
+            || format!("RL step {step}; the plugin may be stuck in an earlier call"),
+            |algorithm, _| algorithm.requirements().dynamic_sampling,
+        )?;
+        let mut rounds = 0u32;
+        loop {
+            let rows = prepared.collected.batch.rows.len();
+            let (batch, signals, host_metrics) = self.hooks.call(
+                "signals",
+                step,
+                version,
+                || format!("RL step {step}, {rows} rows"),
+                std::mem::take(&mut prepared.collected.batch),
+                |b| &b.rows,
+                |algorithm, batch, host| algorithm.signals(batch, host),
+            )?;
+            prepared.collected.batch = batch;
+            let signals = signals.map_err(|error| Error::Signals { step, error })?;
+            signals
+                .validate_against(&prepared.collected.batch)
+                .map_err(|error| Error::Signals { step, error })?;
+            let groups: std::collections::HashSet<u64> = prepared
+                .collected
+                .batch
+                .rows
+                .iter()
+                .map(|r| r.group_id)
+                .collect();
+            let kept = groups.len().saturating_sub(signals.dropped_groups.len());
+            if !dynamic || kept >= b || rounds >= self.settings.max_resample_rounds {
+                return Ok(Decided {
+                    signals,
+                    host_metrics,
+                    rounds,
+                });
+            }
+            // Dynamic sampling: collect more groups; only the new rows are scored, and the
+            // (pure) signals run again on the grown batch.
+            rounds += 1;
+            let want = b - kept;
+            // More episodes are sampled meanwhile (the gateway's clients play them).
+            self.resume_sampling().await?;
+            let started = Instant::now();
+            let more = self
+                .source
+                .send(CollectGroups {
+                    step,
+                    round: rounds,
+                    groups: want,
+                    first_group_id: next_group_id.fetch_add(want as u64, Ordering::SeqCst),
+                })
+                .await;
+            self.pause_sampling().await?;
+            let mut more =
+                reward_rollouts(&self.reward, step, more??, started.elapsed().as_secs_f64());
+            let more_stale = drop_stale(self.settings.max_staleness, &mut more.batch, version);
+            prepared
+                .stale
+                .removed
+                .extend(more_stale.removed.into_iter().map(|(r, _)| (r, rounds)));
+            for r in more.batch.rows.iter().chain(&more.failure_dropped) {
+                prepared.curated.rounds.insert(r.trajectory_id, rounds);
+            }
+            prepared
+                .curated
+                .apply(&mut more.batch, &prepared.exclusions, rounds);
+            let more_mismatch = self.fill_logprobs(&mut more.batch.rows, version).await?;
+            prepared.mismatch =
+                merge_mismatch(std::mem::take(&mut prepared.mismatch), more_mismatch);
+            prepared.collected.extend(more);
         }
-        out.mean = if batch.rows.is_empty() {
-            0.0
-        } else {
-            sum as f64 / batch.rows.len() as f64
-        };
-        if !stale_trajectories.is_empty() {
-            let (removed, kept): (Vec<TurnRow>, Vec<TurnRow>) = std::mem::take(&mut batch.rows)
-                .into_iter()
-                .partition(|r| stale_trajectories.contains(&r.trajectory_id));
-            batch.rows = kept;
-            let groups: std::collections::BTreeSet<u64> =
-                removed.iter().map(|r| r.group_id).collect();
-            out.rows_dropped = removed.len();
-            out.removed = removed.into_iter().map(|r| (r, 0)).collect();
-            out.trajectories_dropped = stale_trajectories.len();
-            let live: std::collections::HashSet<u64> =
-                batch.rows.iter().map(|r| r.group_id).collect();
-            out.groups = groups.into_iter().filter(|g| !live.contains(g)).collect();
-            tracing::warn!(
-                rows = out.rows_dropped,
-                trajectories = out.trajectories_dropped,
-                bound = k,
-                "dropped rows staler than rollout.max_staleness"
-            );
-        }
-        out
     }
 
     /// Fills `old_logprobs` (and `ref_logprobs` when needed) of `rows`, and applies the KL
     /// penalty to their rewards with `kl_mode = reward`. Returns the log-prob mismatch metrics
     /// of the recomputed rows.
-    fn fill_logprobs(&self, rows: &mut [TurnRow], version_now: u64) -> Result<Vec<(String, f64)>> {
+    async fn fill_logprobs(
+        &self,
+        rows: &mut [TurnRow],
+        version_now: u64,
+    ) -> Result<Vec<(String, f64)>> {
         let s = &self.settings;
         let recompute: Vec<usize> = (0..rows.len())
             .filter(|&i| {
@@ -644,7 +626,7 @@ impl OptimizerActor {
         }
         let mut metrics = Vec::new();
         if !recompute.is_empty() {
-            let scored = self.score_rows(rows, &recompute, Weights::Current)?;
+            let scored = self.score_rows(rows, &recompute, Weights::Current).await?;
             let mut checked = Vec::with_capacity(recompute.len());
             for (&i, lp) in recompute.iter().zip(scored) {
                 rows[i].old_logprobs = lp;
@@ -654,7 +636,7 @@ impl OptimizerActor {
         }
         if self.needs_reference() {
             let all: Vec<usize> = (0..rows.len()).collect();
-            let scored = self.score_rows(rows, &all, Weights::Reference)?;
+            let scored = self.score_rows(rows, &all, Weights::Reference).await?;
             for (row, lp) in rows.iter_mut().zip(scored) {
                 row.ref_logprobs = lp;
             }
@@ -676,12 +658,12 @@ impl OptimizerActor {
     /// `ℓ_old` of a plugin's extra rows, under their training prompts. No `ℓ_ref`: an extra
     /// row takes no part in the KL (nor in the surrogate), only in the aux and teacher terms
     /// that target it, so no reference pass is spent on it.
-    fn fill_extra_rows(&self, rows: &mut [TurnRow]) -> Result<()> {
+    async fn fill_extra_rows(&self, rows: &mut [TurnRow]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let all: Vec<usize> = (0..rows.len()).collect();
-        let old = self.score_rows(rows, &all, Weights::Current)?;
+        let old = self.score_rows(rows, &all, Weights::Current).await?;
         for (row, lp) in rows.iter_mut().zip(old) {
             row.old_logprobs = lp;
         }
@@ -692,7 +674,7 @@ impl OptimizerActor {
         self.objective.uses_reference() || self.settings.plugin_reads_reference
     }
 
-    fn score_rows(
+    async fn score_rows(
         &self,
         rows: &[TurnRow],
         which: &[usize],
@@ -700,51 +682,230 @@ impl OptimizerActor {
     ) -> Result<Vec<Vec<f32>>> {
         let refs: Vec<&TurnRow> = rows.iter().collect();
         let sequences = train_sequences(&refs, which)?;
-        call(
-            &self.score,
-            Score {
+        self.score
+            .send(Score {
                 sequences,
                 temperature: self.settings.temperature,
                 weights,
-            },
-        )?
+            })
+            .await?
     }
 
-    /// The optimizer step(s) of a batch: one per mini-batch of the trained rows.
-    fn optimise(
+    /// The update stage: the optimizer step(s) of a batch, one per mini-batch of the trained
+    /// rows.
+    async fn update(
         &self,
         batch: &Batch,
         signals: &Signals,
     ) -> Result<(Vec<StepReport>, Vec<LossReport>)> {
         let rows = all_rows(batch, signals);
         let keep = trained_rows(batch, signals);
-        let mut steps = Vec::new();
+        let mut updates = Vec::new();
         let mut losses = Vec::new();
         if keep.is_empty() {
-            return Ok((steps, losses));
+            return Ok((updates, losses));
         }
-        let result = (|| {
-            for mini in split_even(&keep, self.settings.updates_per_batch) {
-                let loss = RlLoss::from_rows(&self.objective, &rows, signals, &mini)?;
-                let sequences = train_sequences(&rows, &mini)?;
-                let micro_batches = micro_batches(sequences.len(), self.settings.micro_batch_rows);
-                let (report, loss) = call(
-                    &self.train,
-                    TrainStep {
-                        sequences,
-                        micro_batches,
-                        temperature: self.settings.temperature,
-                        loss,
-                    },
-                )??;
-                loss.check_complete()?;
-                steps.push(report);
-                losses.push(loss.report());
-            }
-            Ok(())
-        })();
-        result.map(|()| (steps, losses))
+        for mini in split_even(&keep, self.settings.updates_per_batch) {
+            let loss = RlLoss::from_rows(&self.objective, &rows, signals, &mini)?;
+            let sequences = train_sequences(&rows, &mini)?;
+            let micro_batches = micro_batches(sequences.len(), self.settings.micro_batch_rows);
+            let (report, loss) = self
+                .train
+                .send(TrainStep {
+                    sequences,
+                    micro_batches,
+                    temperature: self.settings.temperature,
+                    loss,
+                })
+                .await??;
+            loss.check_complete()?;
+            updates.push(report);
+            losses.push(loss.report());
+        }
+        Ok((updates, losses))
     }
+}
+
+/// The metrics of one RL step, filled stage by stage and written as its `metrics.jsonl` line
+/// by [`StepMetrics::into_values`]. Plugin metrics keep the names the plugins gave them.
+#[derive(Debug, Default)]
+struct StepMetrics {
+    /// [`crate::objective::metrics::batch_metrics`]: rewards, success, advantages, lengths.
+    batch: Vec<(String, f64)>,
+    /// `logprob_mismatch/*` of the rows scored ([`logprob_mismatch`]).
+    mismatch: Vec<(String, f64)>,
+    /// The signals' own metrics, then what the plugin logged through the host meanwhile.
+    signals: Vec<(String, f64)>,
+    /// Episodes cut by a fault, in all and by kind.
+    failed: usize,
+    failed_by_kind: Vec<(crate::rollout::FailureKind, usize)>,
+    resample_rounds: u32,
+    /// Sampling throughput and wall time of the step's rollouts.
+    tokens_per_s: f64,
+    rollout_time_s: f64,
+    /// Trajectories whose reward had no policy token to go on.
+    unplaceable: usize,
+    /// What planning and the per-turn hook logged, summed by name.
+    planned: Vec<(String, f64)>,
+    staleness: Staleness,
+    engine: Option<crate::engine::EngineStats>,
+    /// Rows the data pool's curated exclusions kept out.
+    excluded_rows: usize,
+    /// The last mini-batch's loss report.
+    loss: Option<LossReport>,
+    grad_norm: Option<f32>,
+    train_tokens_per_s: f64,
+    train_time_s: f64,
+    /// The skill creator's counters (`skills/*`).
+    reflections: Vec<(String, f64)>,
+    /// What the plugin logged in `observe`.
+    observe: Vec<(String, f64)>,
+    step_time_s: f64,
+}
+
+impl StepMetrics {
+    /// The metrics the collected rows and the signals give.
+    fn collected(
+        collected: &Collected,
+        signals: &Signals,
+        stale: &Staleness,
+        rounds: u32,
+    ) -> StepMetrics {
+        // Planning and per-turn metrics run once per group or turn: summed by name.
+        let mut planned: Vec<(String, f64)> = Vec::new();
+        for (k, v) in &collected.metrics {
+            match planned.iter_mut().find(|(name, _)| name == k) {
+                Some((_, total)) => *total += v,
+                None => planned.push((k.clone(), *v)),
+            }
+        }
+        StepMetrics {
+            batch: crate::objective::metrics::batch_metrics(&collected.batch, signals),
+            failed: collected.failed.len(),
+            failed_by_kind: crate::rollout::FailureKind::ALL
+                .into_iter()
+                .map(|kind| {
+                    let n = collected.failed.iter().filter(|f| f.kind == kind).count();
+                    (kind, n)
+                })
+                .collect(),
+            resample_rounds: rounds,
+            tokens_per_s: collected.sampled_tokens as f64 / collected.rollout_secs.max(1e-9),
+            rollout_time_s: collected.rollout_secs,
+            unplaceable: collected.unplaceable,
+            planned,
+            staleness: Staleness {
+                mean: stale.mean,
+                max: stale.max,
+                rows_dropped: stale.rows_dropped,
+                trajectories_dropped: stale.trajectories_dropped,
+                ..Staleness::default()
+            },
+            ..StepMetrics::default()
+        }
+    }
+
+    /// The `metrics.jsonl` values, in a fixed order (a later name replaces an earlier one).
+    fn into_values(self) -> Map<String, Value> {
+        let mut values = Map::new();
+        let mut put = |k: String, v: Value| {
+            values.insert(k, v);
+        };
+        for (k, v) in self
+            .batch
+            .into_iter()
+            .chain(self.mismatch)
+            .chain(self.signals)
+        {
+            put(k, json!(v));
+        }
+        put("episodes/failed".into(), json!(self.failed));
+        for (kind, n) in self.failed_by_kind {
+            put(format!("episodes/failed_{kind}"), json!(n));
+        }
+        put("resample_rounds".into(), json!(self.resample_rounds));
+        put("tokens_per_s".into(), json!(self.tokens_per_s));
+        put("rollout_time_s".into(), json!(self.rollout_time_s));
+        put("reward/unplaceable".into(), json!(self.unplaceable));
+        for (k, v) in self.planned {
+            put(k, json!(v));
+        }
+        let s = &self.staleness;
+        put("staleness/mean".into(), json!(s.mean));
+        put("staleness/max".into(), json!(s.max));
+        put("staleness/rows_dropped".into(), json!(s.rows_dropped));
+        put(
+            "staleness/trajectories_dropped".into(),
+            json!(s.trajectories_dropped),
+        );
+        if let Some(e) = self.engine {
+            put("engine/syncs".into(), json!(e.syncs));
+            put("engine/probe_mismatch".into(), json!(e.probe_mismatch));
+            if let Some(v) = e.served_version {
+                put("engine/served_version".into(), json!(v));
+            }
+        }
+        put("pool/excluded_rows".into(), json!(self.excluded_rows));
+        if let Some(Value::Object(m)) = self
+            .loss
+            .map(|l| serde_json::to_value(l).unwrap_or_default())
+        {
+            for (k, v) in m {
+                put(k, v);
+            }
+        }
+        if let Some(g) = self.grad_norm {
+            put("grad_norm".into(), json!(g));
+        }
+        put("train_tokens_per_s".into(), json!(self.train_tokens_per_s));
+        put("train_time_s".into(), json!(self.train_time_s));
+        for (k, v) in self.reflections.into_iter().chain(self.observe) {
+            put(k, json!(v));
+        }
+        put("step_time_s".into(), json!(self.step_time_s));
+        values
+    }
+}
+
+/// Drops every trajectory with a row more than `bound` versions behind `now`.
+fn drop_stale(bound: u64, batch: &mut Batch, now: u64) -> Staleness {
+    let mut out = Staleness::default();
+    let stale_trajectories: std::collections::HashSet<u64> = batch
+        .rows
+        .iter()
+        .filter(|r| now.saturating_sub(r.policy_version) > bound)
+        .map(|r| r.trajectory_id)
+        .collect();
+    let mut sum = 0u64;
+    for r in &batch.rows {
+        let lag = now.saturating_sub(r.policy_version);
+        out.max = out.max.max(lag);
+        sum += lag;
+    }
+    out.mean = if batch.rows.is_empty() {
+        0.0
+    } else {
+        sum as f64 / batch.rows.len() as f64
+    };
+    if !stale_trajectories.is_empty() {
+        let (removed, kept): (Vec<TurnRow>, Vec<TurnRow>) = std::mem::take(&mut batch.rows)
+            .into_iter()
+            .partition(|r| stale_trajectories.contains(&r.trajectory_id));
+        batch.rows = kept;
+        let groups: std::collections::BTreeSet<u64> = removed.iter().map(|r| r.group_id).collect();
+        out.rows_dropped = removed.len();
+        out.removed = removed.into_iter().map(|r| (r, 0)).collect();
+        out.trajectories_dropped = stale_trajectories.len();
+        let live: std::collections::HashSet<u64> = batch.rows.iter().map(|r| r.group_id).collect();
+        out.groups = groups.into_iter().filter(|g| !live.contains(g)).collect();
+        tracing::warn!(
+            rows = out.rows_dropped,
+            trajectories = out.trajectories_dropped,
+            bound,
+            "dropped rows staler than rollout.max_staleness"
+        );
+    }
+    out
 }
 
 /// What the staleness bound did to a step's batch.
@@ -1010,18 +1171,6 @@ fn step_write(p: StepParts<'_>) -> StepWrite {
         metrics: metrics.clone(),
         decisions,
         episodes,
-    }
-}
-
-impl Staleness {
-    fn insert_into(&self, values: &mut Map<String, Value>) {
-        values.insert("staleness/mean".into(), json!(self.mean));
-        values.insert("staleness/max".into(), json!(self.max));
-        values.insert("staleness/rows_dropped".into(), json!(self.rows_dropped));
-        values.insert(
-            "staleness/trajectories_dropped".into(),
-            json!(self.trajectories_dropped),
-        );
     }
 }
 

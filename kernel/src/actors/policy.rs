@@ -215,16 +215,6 @@ impl Handler<PolicyVersion> for PolicyActor {
     }
 }
 
-/// Sends `msg` and blocks this thread until the answer comes. Only for `SyncArbiter` threads
-/// (the rollout and optimizer actors), never from an async arbiter.
-pub fn call<M>(recipient: &Recipient<M>, msg: M) -> Result<M::Result>
-where
-    M: Message + Send + 'static,
-    M::Result: Send,
-{
-    futures::executor::block_on(recipient.send(msg)).map_err(Error::from)
-}
-
 /// Reset the optimizer with new hyper-parameters.
 #[derive(Message)]
 #[rtype(result = "Result<()>")]

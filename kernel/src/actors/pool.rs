@@ -52,10 +52,11 @@ impl Handler<RecordStep> for DataPoolActor {
         );
         if let Err(e) = written {
             tracing::error!(step = msg.0.step, "data pool: writing the step failed: {e}");
-            self.failed.get_or_insert(crate::error::Error::Other(format!(
-                "the data pool could not record RL step {}: {e}",
-                msg.0.step
-            )));
+            self.failed
+                .get_or_insert(crate::error::Error::Other(format!(
+                    "the data pool could not record RL step {}: {e}",
+                    msg.0.step
+                )));
         }
     }
 }
@@ -133,5 +134,41 @@ impl Handler<ResetPool> for DataPoolActor {
     fn handle(&mut self, _: ResetPool, _: &mut Self::Context) -> Self::Result {
         self.pool.reset()?;
         self.pool.exclusions()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64) -> StepWrite {
+        StepWrite {
+            step,
+            phase: "rl".into(),
+            policy_version: 0,
+            metrics: serde_json::Map::new(),
+            decisions: serde_json::json!({}),
+            episodes: Vec::new(),
+        }
+    }
+
+    /// A step write is a send: its failure waits for the next `Flush`, which returns it once.
+    #[test]
+    fn a_failed_step_write_is_returned_by_the_next_flush_once() {
+        actix::System::new().block_on(async {
+            let pool = parking_lot::Mutex::new(Some(Pool::in_memory().unwrap()));
+            let actor = SyncArbiter::start(1, move || {
+                DataPoolActor::new(pool.lock().take().expect("started once"))
+            });
+            // A step number SQLite cannot hold fails the write.
+            actor.do_send(RecordStep(step(u64::MAX)));
+            actor.do_send(RecordStep(step(0)));
+            let err = actor.send(Flush).await.unwrap().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("could not record RL step {}", u64::MAX)),
+                "{err}"
+            );
+            assert!(actor.send(Flush).await.unwrap().is_ok(), "returned once");
+        });
     }
 }

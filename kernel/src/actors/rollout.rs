@@ -7,11 +7,21 @@
 //! path is in [`super::flow`]). A second rollout actor serves evaluations, demonstrations and
 //! the optimizer's resample rounds meanwhile.
 //!
-//! It runs on a `SyncArbiter` thread: each turn it blocks on the policy actor's answer, and
-//! environment plugin calls are synchronous anyway. Those calls, and the algorithm's
-//! `plan_group` and `next_context`, run under deadlines ([`crate::deadline`]): an episode whose
-//! environment errs, panics or hangs fails alone and its group follows
-//! [`RolloutSettings::on_failure`]; a hung algorithm call stops the run (docs/faults.md).
+//! **Threads.** Each rollout actor is an async actor on an arbiter of its own ([`super::start`]).
+//! Its requests are actor futures that hold the mailbox until they finish (`ctx.wait`,
+//! [`AtomicResponse`]), so it plays one request at a time, in arrival order, and the
+//! producer's steps stay in order. Each turn's generation (to the policy actor, or the engine
+//! actor) and the policy-version reads are awaited. The environment's calls and the
+//! algorithm's `plan_group` and `next_context` are synchronous: they block the actor's own
+//! thread only, under deadlines ([`crate::deadline`]): an episode whose environment errs,
+//! panics or hangs fails alone and its group follows [`RolloutSettings::on_failure`]; a hung
+//! algorithm call stops the run (docs/faults.md). A plugin's host calls in those hooks block
+//! their thread ([`super::host`]), never an arbiter the answering actor needs.
+//!
+//! The actor owns no libtorch state (the backend is the policy actor's, reached by
+//! messages), so the host need not wait for its thread before exiting, and it is not counted
+//! in [`super::threads::SyncThreads`]; its arbiter stops with the actor ([`RolloutActor::arbiter`])
+//! or with the actix system.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,20 +29,21 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use cairn_plugin_sdk::{Algorithm, Environment, GroupRequest, Split, TaskRef};
+use futures::future::{FutureExt, LocalBoxFuture};
 use parking_lot::Mutex;
 use rand::{seq::index::sample, SeedableRng};
 
-use crate::actors::flow::{Collected, Played, Produce};
-use crate::actors::host::{HostLinks, KernelHost};
-use crate::actors::policy::{call, Generate, PolicyVersion};
-use crate::actors::reward::{reward_rollouts, RewardConfig};
+use crate::actors::flow::{Played, Produce};
+use crate::actors::hooks::Hooks;
+use crate::actors::host::HostLinks;
+use crate::actors::policy::{Generate, PolicyVersion};
 use crate::backend::SamplingParams;
 use crate::deadline::{plugin_call, Site};
 use crate::error::{Error, Result};
 use crate::rollout::prompt::PromptBuilder;
 use crate::rollout::{
-    apply_failure_rule, demonstrations, mix, play, Demonstration, EpisodeSpec, FailedEpisode,
-    FailureRule, PlayParams, Rollouts,
+    apply_failure_rule, demonstrations, mix, play_async, Demonstration, EpisodeSpec, FailedEpisode,
+    FailureRule, GenerateAnswer, PlayParams, Rollouts,
 };
 
 /// Settings the rollout actor needs from the pipeline config (built by
@@ -61,6 +72,8 @@ pub struct RolloutSettings {
     pub on_failure: FailureRule,
 }
 
+/// Cheap to clone (shared plugins, recipients, settings): each request's future owns a clone.
+#[derive(Clone)]
 pub struct RolloutActor {
     pub env: Arc<dyn Environment>,
     pub builder: Arc<dyn PromptBuilder>,
@@ -78,10 +91,19 @@ pub struct RolloutActor {
     pub train_tasks: u64,
     pub test_tasks: u64,
     pub env_max_turns: u32,
+    /// The arbiter the actor runs on alone, stopped when the actor stops (its addresses are
+    /// all dropped); `None` where it shares one.
+    pub arbiter: Option<ArbiterHandle>,
 }
 
 impl Actor for RolloutActor {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(arbiter) = self.arbiter.take() {
+            arbiter.stop();
+        }
+    }
 }
 
 impl RolloutActor {
@@ -93,12 +115,16 @@ impl RolloutActor {
         }
     }
 
-    fn play_specs(
+    /// Plays `specs`. With a `step` (training), the algorithm's per-turn context hook runs
+    /// when it asked for it, with the host's policy version `version`: the policy does not
+    /// change while a step plays (the optimizer updates only once the step has arrived,
+    /// [`super::flow`]). Evaluations (no step) play the plain policy.
+    async fn play_specs(
         &self,
         specs: &[EpisodeSpec],
         temperature: f32,
         seed: u64,
-        step: Option<u64>,
+        step: Option<(u64, u64)>,
     ) -> Result<Rollouts> {
         let params = PlayParams {
             sampling: SamplingParams {
@@ -109,51 +135,40 @@ impl RolloutActor {
                 seed,
             },
             max_turns: self.max_turns(),
-            step: step.unwrap_or(0),
+            step: step.map_or(0, |(step, _)| step),
             context_window: self.settings.context_window,
             env_timeout: self.settings.env_timeout,
             env_name: self.settings.env_name.clone(),
         };
         let policy = self.policy.clone();
-        let mut generate = |prompts: &[Vec<u32>], p: &SamplingParams| {
-            let out = call(
-                &policy,
-                Generate {
+        let mut generate =
+            |prompts: &[Vec<u32>], p: &SamplingParams| -> LocalBoxFuture<'static, GenerateAnswer> {
+                let answer = policy.send(Generate {
                     prompts: prompts.to_vec(),
                     params: p.clone(),
-                },
-            )??;
-            Ok((out.generations, out.policy_version))
-        };
-        // Evaluations (no step) play the plain policy: no training-time context hook.
-        let links = &self.links;
-        let algorithm = &self.algorithm;
+                });
+                async move {
+                    let out = answer.await??;
+                    Ok((out.generations, out.policy_version))
+                }
+                .boxed_local()
+            };
+        let version = step.map_or(0, |(_, version)| version);
+        let hooks = self.hooks();
         let hook_metrics = std::cell::RefCell::new(Vec::new());
-        let plugin = self.algorithm_label();
-        let site = Site {
-            actor: "rollout",
-            plugin: &plugin,
-            call: "next_context",
-            key: "run.plugin_timeout_s",
-        };
-        let timeout = self.settings.plugin_timeout;
         let mut hook = |request: &cairn_plugin_sdk::TurnContextRequest| {
-            let version = call(&links.version, PolicyVersion)?;
-            let (links, algorithm, owned) = (links.clone(), algorithm.clone(), request.clone());
-            let (answer, metrics) = plugin_call(
-                timeout,
-                &site,
+            let owned = request.clone();
+            let (answer, metrics) = hooks.call_plain(
+                "next_context",
+                request.step,
+                version,
                 || {
                     format!(
                         "step {}, task {}, trajectory {}, turn {}",
                         request.step, request.task_id, request.trajectory_id, request.turn
                     )
                 },
-                move || {
-                    let host = KernelHost::new(&links, owned.step, version, &[]);
-                    let answer = algorithm.lock().next_context(&owned, &host);
-                    (answer, host.into_metrics())
-                },
+                move |algorithm, host| algorithm.next_context(&owned, host),
             )?;
             hook_metrics.borrow_mut().extend(metrics);
             Ok(answer?)
@@ -162,21 +177,27 @@ impl RolloutActor {
             Some(_) if self.turn_context => Some(&mut hook),
             _ => None,
         };
-        let mut out = play(
+        let mut out = play_async(
             &self.env,
             self.builder.as_ref(),
             specs,
             &params,
             &mut generate,
             hook,
-        )?;
+        )
+        .await?;
         out.metrics.extend(hook_metrics.into_inner());
         Ok(out)
     }
 
-    /// "algorithm `name`", for errors.
-    fn algorithm_label(&self) -> String {
-        format!("algorithm `{}`", self.links.writer)
+    /// The algorithm's hooks on this actor's side (`plan_group`, `next_context`).
+    fn hooks(&self) -> Hooks {
+        Hooks {
+            algorithm: self.algorithm.clone(),
+            links: self.links.clone(),
+            timeout: self.settings.plugin_timeout,
+            actor: "rollout",
+        }
     }
 
     /// The environment's `task`, under the plugin deadline.
@@ -199,7 +220,7 @@ impl RolloutActor {
     }
 
     /// Plays `groups` task groups of a step (see [`CollectGroups`]).
-    fn collect(&self, msg: &CollectGroups) -> Result<Rollouts> {
+    async fn collect(&self, msg: &CollectGroups) -> Result<Rollouts> {
         let s = &self.settings;
         let step_seed = mix(mix(s.seed, msg.step), u64::from(msg.round));
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(step_seed);
@@ -215,7 +236,7 @@ impl RolloutActor {
             (0..msg.groups).map(|i| i % n).collect()
         };
         // Bank entries a plugin writes while planning carry the version about to sample.
-        let version = call(&self.links.version, PolicyVersion)?;
+        let version = self.links.version.send(PolicyVersion).await?;
         let mut specs = Vec::with_capacity(msg.groups * s.group_size);
         let mut plan_metrics = Vec::new();
         for (g, index) in picks.into_iter().enumerate() {
@@ -234,24 +255,13 @@ impl RolloutActor {
                 group_size: s.group_size as u32,
                 seed: mix(step_seed, 0x9A7 + g as u64),
             };
-            let plugin = self.algorithm_label();
-            let site = Site {
-                actor: "rollout",
-                plugin: &plugin,
-                call: "plan_group",
-                key: "run.plugin_timeout_s",
-            };
-            let (links, algorithm, owned) =
-                (self.links.clone(), self.algorithm.clone(), request.clone());
-            let (variants, metrics) = plugin_call(
-                s.plugin_timeout,
-                &site,
+            let owned = request.clone();
+            let (variants, metrics) = self.hooks().call_plain(
+                "plan_group",
+                msg.step,
+                version,
                 || format!("step {}, group {group_id}, task {}", msg.step, info.id),
-                move || {
-                    let host = KernelHost::new(&links, owned.step, version, &[]);
-                    let variants = algorithm.lock().plan_group(&owned, &host);
-                    (variants, host.into_metrics())
-                },
+                move |algorithm, host| algorithm.plan_group(&owned, host),
             )?;
             let variants = variants?;
             plan_metrics.extend(metrics);
@@ -273,7 +283,9 @@ impl RolloutActor {
                 });
             }
         }
-        let mut out = self.play_specs(&specs, s.temperature, step_seed, Some(msg.step))?;
+        let mut out = self
+            .play_specs(&specs, s.temperature, step_seed, Some((msg.step, version)))
+            .await?;
         out.seeds = specs.iter().map(|e| (e.trajectory_id, e.seed)).collect();
         let dropped = apply_failure_rule(&mut out, s.on_failure);
         out.metrics.splice(0..0, plan_metrics);
@@ -296,55 +308,46 @@ pub struct CollectGroups {
 }
 
 impl Handler<CollectGroups> for RolloutActor {
-    type Result = Result<Rollouts>;
+    type Result = AtomicResponse<Self, Result<Rollouts>>;
     fn handle(&mut self, msg: CollectGroups, _: &mut Self::Context) -> Self::Result {
-        self.collect(&msg)
+        let this = self.clone();
+        AtomicResponse::new(Box::pin(
+            async move { this.collect(&msg).await }.into_actor(self),
+        ))
     }
-}
-
-/// One resample round: plays through `source` (the serving rollout actor, or the gateway's
-/// episode source) and applies the reward rules ([`reward_rollouts`]) on the calling thread.
-/// Blocks the calling thread, so only for `SyncArbiter` threads.
-pub fn collect_round(
-    source: &Recipient<CollectGroups>,
-    reward: &RewardConfig,
-    msg: CollectGroups,
-) -> Result<Collected> {
-    let step = msg.step;
-    let started = Instant::now();
-    let rollouts = call(source, msg)??;
-    Ok(reward_rollouts(
-        reward,
-        step,
-        rollouts,
-        started.elapsed().as_secs_f64(),
-    ))
 }
 
 impl Handler<Produce> for RolloutActor {
     type Result = ();
-    fn handle(&mut self, msg: Produce, _: &mut Self::Context) {
-        let groups = self.settings.tasks_per_step;
-        let first_group_id = msg.next_group_id.fetch_add(groups as u64, Ordering::SeqCst);
-        let started = Instant::now();
-        let rollouts = self.collect(&CollectGroups {
-            step: msg.step,
-            round: 0,
-            groups,
-            first_group_id,
-        });
-        let played = Played {
-            step: msg.step,
-            rollouts,
-            rollout_secs: started.elapsed().as_secs_f64(),
+    fn handle(&mut self, msg: Produce, ctx: &mut Self::Context) {
+        let this = self.clone();
+        let play = async move {
+            let groups = this.settings.tasks_per_step;
+            let first_group_id = msg.next_group_id.fetch_add(groups as u64, Ordering::SeqCst);
+            let started = Instant::now();
+            let rollouts = this
+                .collect(&CollectGroups {
+                    step: msg.step,
+                    round: 0,
+                    groups,
+                    first_group_id,
+                })
+                .await;
+            let played = Played {
+                step: msg.step,
+                rollouts,
+                rollout_secs: started.elapsed().as_secs_f64(),
+            };
+            match &this.forward {
+                Some(next) => next.do_send(played),
+                None => tracing::error!(
+                    step = msg.step,
+                    "a rollout actor without a next stage was asked to produce a step"
+                ),
+            }
         };
-        match &self.forward {
-            Some(next) => next.do_send(played),
-            None => tracing::error!(
-                step = msg.step,
-                "a rollout actor without a next stage was asked to produce a step"
-            ),
-        }
+        // The next request waits until this step is played and forwarded.
+        ctx.wait(play.into_actor(self));
     }
 }
 
@@ -410,8 +413,18 @@ impl EvalReport {
 }
 
 impl Handler<Evaluate> for RolloutActor {
-    type Result = Result<EvalReport>;
+    type Result = AtomicResponse<Self, Result<EvalReport>>;
     fn handle(&mut self, msg: Evaluate, _: &mut Self::Context) -> Self::Result {
+        let this = self.clone();
+        AtomicResponse::new(Box::pin(
+            async move { this.evaluate(msg).await }.into_actor(self),
+        ))
+    }
+}
+
+impl RolloutActor {
+    /// Plays an [`Evaluate`] request.
+    async fn evaluate(&self, msg: Evaluate) -> Result<EvalReport> {
         if msg.tasks == 0 || msg.tasks as u64 > self.test_tasks {
             return Err(Error::Other(format!(
                 "evaluation of {} held-out tasks asked; the environment has {} (ask for 1 to {})",
@@ -437,7 +450,9 @@ impl Handler<Evaluate> for RolloutActor {
                 variant: Default::default(),
             });
         }
-        let rollouts = self.play_specs(&specs, msg.temperature, msg.seed, None)?;
+        let rollouts = self
+            .play_specs(&specs, msg.temperature, msg.seed, None)
+            .await?;
         let mut per_kind: Vec<(String, usize, usize)> = Vec::new();
         let mut successes = 0;
         let mut turns = 0u64;
@@ -470,7 +485,7 @@ impl Handler<Evaluate> for RolloutActor {
         // The version that played: a row's, or (every episode cut by a fault) the policy's.
         let version = match rollouts.rows.first().or(rollouts.failed_rows.first()) {
             Some(r) => r.policy_version,
-            None => call(&self.links.version, PolicyVersion)?,
+            None => self.links.version.send(PolicyVersion).await?,
         };
         Ok(EvalReport {
             tasks: n,
@@ -521,6 +536,8 @@ pub struct CollectDemonstrations {
     pub keep_unsolved: bool,
 }
 
+/// Synchronous: the environment's expert plays, no other actor is asked. It still runs in
+/// arrival order, after any request in flight (those hold the mailbox).
 impl Handler<CollectDemonstrations> for RolloutActor {
     type Result = Result<(Vec<Demonstration>, usize)>;
     fn handle(&mut self, msg: CollectDemonstrations, _: &mut Self::Context) -> Self::Result {

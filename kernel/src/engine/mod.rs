@@ -8,11 +8,13 @@
 //! ([`client`]), and `policy_version` is the version the engine served them with.
 //!
 //! **Weight sync.** Before a generation, the actor compares the trainer's policy version with
-//! the one the engine serves. With `rollout.max_staleness = 0` an older engine is synced
-//! first, so every turn is sampled by the live weights. With `max_staleness = k > 0` the
-//! sync runs on a thread of its own while rollouts go on with the old version (as long as it
-//! is at most `k` behind; further behind, the generation waits for the sync). A sync writes
-//! the weights in HF format ([`ExportForEngine`], on the policy actor's thread) into
+//! the one the engine serves, and syncs an older engine first, so every turn is sampled by
+//! the live weights. At any `rollout.max_staleness` that is what the step's flow asks for: a
+//! step is played by exactly the version the flow names, and the policy does not change while
+//! a step plays ([`crate::actors::flow`]), so one sync at the step's first generation serves
+//! the whole step, and the lag between playing and training is the pipeline's alone (an
+//! engine that sampled on with older weights meanwhile would add to it, and those rows would
+//! be too stale to train). A sync writes the weights in HF format ([`ExportForEngine`], on the policy actor's thread) into
 //! `weights_dir`, has each engine load them ([`EngineClient::load_weights`]), and checks them.
 //!
 //! **The probe.** After every sync each engine samples a few ids after a fixed probe prompt,
@@ -23,6 +25,13 @@
 //! log-probs before the temperature, trl #4159) at the first sync, with an error that names
 //! the setting to fix. The probe's mismatch is in `engine/probe_mismatch`. A failed sync (an
 //! engine that refuses the weights, or fails the probe) stops the run.
+//!
+//! **Threads.** [`EngineActor`] is an async actor that never blocks its arbiter: it awaits the
+//! policy actor's answers (version, export, probe scores), and each blocking engine call
+//! (HTTP, removing old weights) runs on a thread of its own while it awaits the answer
+//! ([`off_thread`]). A generation (with the sync it may start) holds the actor's mailbox
+//! until it is answered ([`AtomicResponse`]), so generations and syncs run one at a time, in
+//! arrival order.
 
 pub mod client;
 pub mod config;
@@ -32,12 +41,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use parking_lot::Mutex;
 
 pub use client::{Completion, EngineClient, ServedModel};
 pub use config::{EngineConfig, EngineKind, LaunchConfig};
 
-use crate::actors::policy::{call, Generate, Generated, PolicyActor, PolicyVersion, Score};
+use crate::actors::policy::{Generate, Generated, PolicyActor, PolicyVersion, Score};
 use crate::backend::{SamplingParams, Sequence, Weights};
 use crate::error::{Error, Result};
 
@@ -64,8 +72,6 @@ impl Handler<ExportForEngine> for PolicyActor {
 /// What the engine actor needs besides the client.
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
-    /// `rollout.max_staleness`.
-    pub max_staleness: u64,
     /// `rollout.temperature` and `rollout.top_p`: the probe samples and is scored at them.
     pub temperature: f32,
     pub top_p: f32,
@@ -91,25 +97,19 @@ pub struct PolicyLinks {
 /// Sentinel of "the engine serves no known version yet".
 const UNSYNCED: u64 = u64::MAX;
 
-/// Shared by the actor and its background sync thread.
+/// Shared by the actor and its engine-call threads.
 struct Core {
     client: EngineClient,
     settings: EngineSettings,
     policy: PolicyLinks,
     /// The version every engine serves ([`UNSYNCED`] before the first sync).
     served: AtomicU64,
-    /// Held while a sync runs.
-    syncing: Mutex<()>,
-    /// A background sync in flight.
-    background: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The error of a background sync, reported by the next generation.
-    failed: Mutex<Option<Error>>,
     /// Mean |Δ log-prob| of the last probe, nats per token (as f64 bits).
     last_probe: AtomicU64,
     syncs: AtomicU64,
 }
 
-/// Answers [`Generate`] through the engine. Start it on a `SyncArbiter` thread.
+/// Answers [`Generate`] through the engine. An async actor (module docs: it never blocks).
 pub struct EngineActor {
     core: Arc<Core>,
 }
@@ -122,9 +122,6 @@ impl EngineActor {
                 settings,
                 policy,
                 served: AtomicU64::new(UNSYNCED),
-                syncing: Mutex::new(()),
-                background: Mutex::new(None),
-                failed: Mutex::new(None),
                 last_probe: AtomicU64::new(0f64.to_bits()),
                 syncs: AtomicU64::new(0),
             }),
@@ -133,21 +130,50 @@ impl EngineActor {
 }
 
 impl Actor for EngineActor {
-    type Context = SyncContext<Self>;
+    type Context = Context<Self>;
 }
 
 impl Handler<Generate> for EngineActor {
-    type Result = Result<Generated>;
+    type Result = AtomicResponse<Self, Result<Generated>>;
     fn handle(&mut self, msg: Generate, _: &mut Self::Context) -> Self::Result {
-        let core = &self.core;
-        core.ensure_synced()?;
-        let served = core.served.load(Ordering::SeqCst);
-        let out = core.client.generate(&msg.prompts, &msg.params)?;
-        Ok(Generated {
-            policy_version: out.policy_version.unwrap_or(served),
-            generations: out.generations,
-        })
+        let core = self.core.clone();
+        let answer = async move {
+            core.ensure_synced().await?;
+            let served = core.served.load(Ordering::SeqCst);
+            let out =
+                off_thread(&core, move |c| c.client.generate(&msg.prompts, &msg.params)).await??;
+            Ok(Generated {
+                policy_version: out.policy_version.unwrap_or(served),
+                generations: out.generations,
+            })
+        };
+        AtomicResponse::new(Box::pin(answer.into_actor(self)))
     }
+}
+
+/// Runs a blocking engine call (HTTP, files) on a thread of its own and awaits its answer, so
+/// the actor's arbiter goes on meanwhile (the actors beside it: it is the system arbiter).
+/// A thread costs tens of microseconds; an engine call takes milliseconds at least.
+async fn off_thread<T, F>(core: &Arc<Core>, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&Core) -> T + Send + 'static,
+{
+    let core = core.clone();
+    let (reply, answer) = futures::channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cairn-engine-call".into())
+        .spawn(move || {
+            let _ = reply.send(f(&core));
+        })
+        .map_err(|e| {
+            Error::Other(format!(
+                "could not start a thread for a rollout engine call: {e}"
+            ))
+        })?;
+    answer
+        .await
+        .map_err(|_| Error::Other("a rollout engine call panicked (see the log above)".into()))
 }
 
 /// The engine's counters: syncs done and the last probe's mismatch.
@@ -177,73 +203,52 @@ impl Handler<ReadEngineStats> for EngineActor {
 }
 
 impl Core {
-    /// Syncs now, starts a background sync, or does nothing (module docs).
-    fn ensure_synced(self: &Arc<Self>) -> Result<()> {
-        if let Some(e) = self.failed.lock().take() {
-            return Err(e);
-        }
-        let trainer = call(&self.policy.version, PolicyVersion)?;
+    /// Syncs the engines when they serve an older version than the trainer's (module docs).
+    async fn ensure_synced(self: &Arc<Self>) -> Result<()> {
+        let trainer = self.policy.version.send(PolicyVersion).await?;
         let served = self.served.load(Ordering::SeqCst);
         if served != UNSYNCED && served >= trainer {
             return Ok(());
         }
-        let k = self.settings.max_staleness;
-        if served == UNSYNCED || k == 0 || trainer - served > k {
-            self.wait_background();
-            return self.sync().map_err(sync_failed);
-        }
-        let mut background = self.background.lock();
-        if background.as_ref().is_none_or(|h| h.is_finished()) {
-            let core = self.clone();
-            *background = Some(std::thread::spawn(move || {
-                if let Err(e) = core.sync() {
-                    *core.failed.lock() = Some(sync_failed(e));
-                }
-            }));
-        }
-        Ok(())
-    }
-
-    fn wait_background(&self) {
-        let handle = self.background.lock().take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
+        self.sync(trainer).await.map_err(sync_failed)
     }
 
     /// Exports the live weights, has every engine load them, probes each (module docs).
-    fn sync(&self) -> Result<()> {
-        let _held = self.syncing.lock();
-        let trainer = call(&self.policy.version, PolicyVersion)?;
-        let served = self.served.load(Ordering::SeqCst);
-        if served != UNSYNCED && served >= trainer {
-            return Ok(());
-        }
-        let first = served == UNSYNCED;
+    /// `trainer` is the version the trainer reported, for the directory's name; the export
+    /// says which version it wrote.
+    async fn sync(self: &Arc<Self>, trainer: u64) -> Result<()> {
+        let first = self.served.load(Ordering::SeqCst) == UNSYNCED;
         let s = &self.settings;
         let dir = match self.client.kind() {
             // vLLM reloads from the directory it was started on: `weights_dir` itself.
             EngineKind::Vllm => s.weights_dir.clone(),
             _ => s.weights_dir.join(format!("v{trainer:06}")),
         };
-        let version = call(
-            &self.policy.export,
-            ExportForEngine {
+        let version = self
+            .policy
+            .export
+            .send(ExportForEngine {
                 tokenizer_dir: s.tokenizer_dir.clone(),
                 dir: dir.clone(),
-            },
-        )??;
+            })
+            .await??;
         // An engine that is gone is taken out of the run; the others must all take the
         // weights (and pass the probe), or the sync fails.
         // That holds while it loads and while it is probed: an engine killed between the two
         // is gone as surely as one killed before.
         for url in self.client.urls() {
-            match self.client.load_weights(&url, &dir, version) {
-                Ok(()) => self.probe(&url, version, first, &dir)?,
-                Err(e) if !self.client.healthy(&url) => {
-                    self.client.mark_down(&url, &e.to_string());
-                }
-                Err(e) => return Err(e),
+            let (at, from) = (url.clone(), dir.clone());
+            // The load's error, and whether the engine still answers `/health` after it.
+            let loaded = off_thread(self, move |c| {
+                c.client
+                    .load_weights(&at, &from, version)
+                    .map_err(|e| (c.client.healthy(&at), e))
+            })
+            .await?;
+            match loaded {
+                Ok(()) => self.probe(&url, version, first, &dir).await?,
+                Err((false, e)) => self.client.mark_down(&url, &e.to_string()),
+                Err((true, e)) => return Err(e),
             }
         }
         self.client.check_live()?;
@@ -251,14 +256,21 @@ impl Core {
         self.syncs.fetch_add(1, Ordering::SeqCst);
         tracing::info!(version, "engine weights synced");
         if self.client.kind() != EngineKind::Vllm {
-            prune_weight_dirs(&s.weights_dir, &dir);
+            let (weights_dir, keep) = (s.weights_dir.clone(), dir.clone());
+            off_thread(self, move |_| prune_weight_dirs(&weights_dir, &keep)).await?;
         }
         Ok(())
     }
 
     /// The probe check of one engine after the sync to `version`. An engine that no longer
     /// answers (the request fails and so does `/health`) is taken out of the run instead.
-    fn probe(&self, url: &str, version: u64, first: bool, dir: &std::path::Path) -> Result<()> {
+    async fn probe(
+        self: &Arc<Self>,
+        url: &str,
+        version: u64,
+        first: bool,
+        dir: &std::path::Path,
+    ) -> Result<()> {
         let s = &self.settings;
         let params = SamplingParams {
             temperature: s.temperature,
@@ -267,14 +279,21 @@ impl Core {
             stop_ids: Vec::new(),
             seed: crate::rollout::mix(s.seed, version),
         };
-        let out = match self.client.probe(url, &s.probe_prompt, &params) {
+        let at = url.to_owned();
+        let probed = off_thread(self, move |c| {
+            c.client
+                .probe(&at, &c.settings.probe_prompt, &params)
+                .map_err(|e| (c.client.healthy(&at), e))
+        })
+        .await?;
+        let out = match probed {
             Ok(out) => out,
             // Gone since it took the weights: out of the run, the sync goes on without it.
-            Err(e) if !self.client.healthy(url) => {
+            Err((false, e)) => {
                 self.client.mark_down(url, &e.to_string());
                 return Ok(());
             }
-            Err(e) => return Err(e),
+            Err((true, e)) => return Err(e),
         };
         let g = &out.generations[0];
         if let Some(reported) = out.policy_version {
@@ -288,17 +307,18 @@ impl Core {
                 });
             }
         }
-        let trainer = call(
-            &self.policy.score,
-            Score {
+        let trainer = self
+            .policy
+            .score
+            .send(Score {
                 sequences: vec![Sequence {
                     prompt_ids: s.probe_prompt.clone(),
                     response_ids: g.ids.clone(),
                 }],
                 temperature: s.temperature,
                 weights: Weights::Version(version),
-            },
-        )??;
+            })
+            .await??;
         let mismatch = mean_abs_diff(&g.logprobs, &trainer[0]);
         self.last_probe.store(mismatch.to_bits(), Ordering::SeqCst);
         if mismatch <= s.probe_tolerance {

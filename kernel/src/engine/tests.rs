@@ -395,7 +395,6 @@ fn engines_actor(
 ) -> Addr<EngineActor> {
     let client = EngineClient::connect(&config(EngineKind::Sglang), urls, 100).unwrap();
     let settings = EngineSettings {
-        max_staleness: 0,
         temperature: 1.0,
         top_p: 1.0,
         probe_tolerance: 0.02,
@@ -409,8 +408,7 @@ fn engines_actor(
         export: policy.clone().recipient(),
         score: policy.clone().recipient(),
     };
-    let actor = Mutex::new(Some(EngineActor::new(client, settings, links)));
-    SyncArbiter::start(1, move || actor.lock().take().unwrap())
+    EngineActor::new(client, settings, links).start()
 }
 
 fn generate() -> Generate {

@@ -1,9 +1,12 @@
 //! Playing episodes: many environment episodes advanced turn by turn, with one batched
 //! generation call per turn across every live episode.
 //!
-//! [`play`] is the synchronous core the rollout actor runs on its own thread; it is also used
-//! for held-out evaluation and, with [`demonstrations`], for expert warm-start data. Each turn
-//! becomes one [`TurnRow`] with the exact prompt ids, sampled ids and sampled log-probs.
+//! [`play_async`] is the core the rollout actor runs on its own arbiter: it awaits each turn's
+//! batched generation ([`AsyncGenerateFn`], a message to the policy actor or the engine actor),
+//! while the environment's calls stay synchronous under their deadline. [`play`] is the same
+//! with a synchronous generator (tests, benchmarks, tools). It is also used for held-out
+//! evaluation and, with [`demonstrations`], for expert warm-start data. Each turn becomes one
+//! [`TurnRow`] with the exact prompt ids, sampled ids and sampled log-probs.
 //!
 //! **Environment faults.** An environment call (`start` with the first observation, `step`)
 //! that returns an error, panics (caught at the plugin boundary), or gives no reply within
@@ -24,6 +27,7 @@ use cairn_plugin_sdk::{
     ContextVariant, Environment, Episode, ErrorKind, Observation, PluginError, StepOutcome,
     TaskRef, TurnContext, TurnContextRequest, TurnRow, TurnSummary,
 };
+use futures::future::{FutureExt, LocalBoxFuture};
 
 use crate::backend::{Generation, SamplingParams};
 use crate::deadline::{self, Missed};
@@ -213,6 +217,14 @@ pub fn apply_failure_rule(out: &mut Rollouts, rule: FailureRule) -> usize {
 pub type GenerateFn<'a> =
     dyn FnMut(&[Vec<u32>], &SamplingParams) -> Result<(Vec<Generation>, u64)> + 'a;
 
+/// [`GenerateFn`] whose answer is awaited: the call takes what it needs from the arguments
+/// (the prompts go into a message) and returns the answer's future.
+pub type AsyncGenerateFn<'a> =
+    dyn FnMut(&[Vec<u32>], &SamplingParams) -> LocalBoxFuture<'static, GenerateAnswer> + 'a;
+
+/// What a generation call answers: one response per prompt, and the version that sampled them.
+pub type GenerateAnswer = Result<(Vec<Generation>, u64)>;
+
 /// The per-turn context hook ([`cairn_plugin_sdk::Algorithm::next_context`]), called before
 /// every turn after the first when the algorithm asks for it.
 pub type TurnHook<'a> = dyn FnMut(&TurnContextRequest) -> Result<TurnContext> + 'a;
@@ -349,6 +361,30 @@ pub fn play(
     specs: &[EpisodeSpec],
     params: &PlayParams,
     generate: &mut GenerateFn<'_>,
+    hook: Option<&mut TurnHook<'_>>,
+) -> Result<Rollouts> {
+    let mut generate = |prompts: &[Vec<u32>], sampling: &SamplingParams| {
+        futures::future::ready(generate(prompts, sampling)).boxed_local()
+    };
+    // Every generation is ready when asked for, and nothing else in `play_async` waits: it
+    // finishes in its first poll.
+    play_async(env, builder, specs, params, &mut generate, hook)
+        .now_or_never()
+        .expect("play_async with ready generations finishes in one poll")
+}
+
+/// [`play`], awaiting each turn's generation. The environment's calls and the hook's run
+/// synchronously on the calling thread (or, under a deadline, on its worker while it waits):
+/// run it where blocking the thread holds up nobody else, as the rollout actor's own arbiter.
+///
+/// # Errors
+/// As [`play`].
+pub async fn play_async(
+    env: &Arc<dyn Environment>,
+    builder: &dyn PromptBuilder,
+    specs: &[EpisodeSpec],
+    params: &PlayParams,
+    generate: &mut AsyncGenerateFn<'_>,
     mut hook: Option<&mut TurnHook<'_>>,
 ) -> Result<Rollouts> {
     let mut out = Rollouts::default();
@@ -458,7 +494,7 @@ pub fn play(
         }
         let mut sampling = params.sampling.clone();
         sampling.seed = mix(params.sampling.seed, u64::from(turn));
-        let (generations, version) = match generate(&prompts, &sampling) {
+        let (generations, version) = match generate(&prompts, &sampling).await {
             Ok(answer) => answer,
             // An external engine that failed on every attempt fails this turn's episodes;
             // the others of the step (and the run) go on.
@@ -1140,6 +1176,94 @@ mod fault_tests {
         assert_eq!(group1, vec![(2, 0.0, false), (3, 3.0, true)]);
         // Group 2's failed member never started: the group has its clean member only.
         assert_eq!(out.rows.iter().filter(|r| r.group_id == 2).count(), 3);
+    }
+
+    /// `play_async` suspends at each turn's generation until its answer comes, and plays
+    /// exactly what `play` plays with the same answers given at once.
+    #[test]
+    fn play_async_awaits_each_generation_and_plays_as_play_does() {
+        let env: Arc<dyn Environment> = Arc::new(Faulty {
+            faults: vec![(1, Some(1), Fault::Error)],
+            release: Arc::new(AtomicBool::new(true)),
+        });
+        let builder = PlainPrompt {
+            codec: WordCodec::default(),
+            separator: vec![1],
+            stop_ids: vec![2],
+        };
+        let params = PlayParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                max_new_tokens: 2,
+                stop_ids: vec![2],
+                seed: 0,
+            },
+            max_turns: 3,
+            step: 0,
+            context_window: None,
+            env_timeout: None,
+            env_name: "faulty-test".into(),
+        };
+        let specs = [spec(0, 0, 0), spec(0, 1, 1)];
+        // The answer of turn k: one id per prompt, k + 10, at version k.
+        let answer = |prompts: usize, turn: u64| {
+            let one = Generation {
+                ids: vec![10 + turn as u32, 2],
+                logprobs: vec![-0.5, -0.1],
+                finish_reason: FinishReason::Stop,
+            };
+            Ok((vec![one; prompts], turn))
+        };
+        let mut turn = 0;
+        let mut now = |prompts: &[Vec<u32>], _: &SamplingParams| {
+            turn += 1;
+            answer(prompts.len(), turn)
+        };
+        let played = play(&env, &builder, &specs, &params, &mut now, None).expect("plays");
+
+        let (mut turn, waits) = (0, std::cell::Cell::new(0));
+        let mut later = |prompts: &[Vec<u32>], _: &SamplingParams| {
+            turn += 1;
+            let (n, k, waits) = (prompts.len(), turn, &waits);
+            // Pending on the first poll (waking itself), the answer on the next.
+            let mut asked = false;
+            let pending = futures::future::poll_fn(move |cx| {
+                if std::mem::replace(&mut asked, true) {
+                    std::task::Poll::Ready(())
+                } else {
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                }
+            });
+            waits.set(waits.get() + 1);
+            async move {
+                pending.await;
+                answer(n, k)
+            }
+            .boxed_local()
+        };
+        let mut run = Box::pin(play_async(
+            &env, &builder, &specs, &params, &mut later, None,
+        ));
+        assert!(
+            (&mut run).now_or_never().is_none(),
+            "it waits for the first generation"
+        );
+        let awaited = futures::executor::block_on(run).expect("plays");
+        assert_eq!(waits.get(), 3, "one generation per turn");
+        assert_eq!(awaited.rows, played.rows);
+        assert_eq!(awaited.failed_rows, played.failed_rows);
+        assert_eq!(awaited.failed, played.failed);
+        assert_eq!(
+            awaited
+                .rows
+                .iter()
+                .map(|r| r.policy_version)
+                .collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "each row carries its own turn's version"
+        );
     }
 
     #[test]

@@ -69,8 +69,10 @@ impl PolicyReflector {
                 seed: job.ticket ^ (u64::from(attempt) << 48),
             },
         };
-        // This runs on the reflector's own thread (a `SyncArbiter`), never on an async
-        // arbiter, so blocking on the policy actor's answer holds up nothing else.
+        // One of the kernel's few blocking waits on an actor: [`Reflector::reflect`] is
+        // synchronous (the `endpoint` reflector's HTTP is too), and it runs on the reflector's
+        // own `SyncArbiter` thread, which nothing else needs, while the policy actor answers
+        // on its own: blocking here holds up nothing else and cannot deadlock.
         let generated = futures::executor::block_on(self.generate.send(message))
             .map_err(|e| ReflectionFailure::error(format!("policy actor: {e}")))?
             .map_err(|e| ReflectionFailure::error(format!("policy generation: {e}")))?;

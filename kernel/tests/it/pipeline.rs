@@ -451,8 +451,18 @@ fn async_rollouts_run_exactly_one_version_ahead_in_a_fixed_hook_order() {
     assert_eq!(
         r.log.hooks,
         [
-            "plan 0", "plan 1", "signals 0", "observe 0", "plan 2", "signals 1", "observe 1",
-            "plan 3", "signals 2", "observe 2", "signals 3", "observe 3"
+            "plan 0",
+            "plan 1",
+            "signals 0",
+            "observe 0",
+            "plan 2",
+            "signals 1",
+            "observe 1",
+            "plan 3",
+            "signals 2",
+            "observe 2",
+            "signals 3",
+            "observe 3"
         ]
     );
     let rl: Vec<&serde_json::Value> = r.metrics.iter().filter(|m| m["phase"] == "rl").collect();
@@ -465,7 +475,10 @@ fn async_rollouts_run_exactly_one_version_ahead_in_a_fixed_hook_order() {
     assert_eq!(runs[1].log.signals, r.log.signals);
     assert_eq!(runs[1].log.hooks, r.log.hooks);
     assert_eq!(runs[1].log.observed, r.log.observed);
-    assert_eq!(without_wall_clock(&runs[1].metrics), without_wall_clock(&r.metrics));
+    assert_eq!(
+        without_wall_clock(&runs[1].metrics),
+        without_wall_clock(&r.metrics)
+    );
 }
 
 /// `metrics` without the wall-clock and throughput values, which differ between runs.

@@ -8,7 +8,9 @@
 //!   repository (the `#anchor` part is ignored: headings move more often than files, and a
 //!   broken anchor still lands on the right page);
 //! - no tracked file points outside the repository at the development share or its design
-//!   notes: the specs the code relies on live in `docs/`.
+//!   notes: the specs the code relies on live in `docs/`;
+//! - from the parsed Rust sources ([`source`]): no new module cycle ([`cycles`]), and blocking
+//!   waits, actor starts and HTTP crates only where their allow-lists say ([`places`]).
 //!
 //! Each check is a function returning its problems, and each has a test that feeds it a broken
 //! input, so a check that silently stopped checking would fail too.
@@ -18,6 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value as Json;
+
+mod cycles;
+mod places;
+mod source;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
