@@ -442,8 +442,6 @@ impl Stages {
             metrics.engine = Some(engine.send(crate::engine::ReadEngineStats).await?);
         }
         metrics.excluded_rows = curated.rows();
-        // Excluded turns stay in the batch for the signals, their mask zeroed: not trained.
-        let pool_rows = collected.batch.rows.clone();
         let seeds = std::mem::take(&mut collected.seeds);
         let failed = std::mem::take(&mut collected.failed);
         let failure_dropped = std::mem::take(&mut collected.failure_dropped);
@@ -471,7 +469,7 @@ impl Stages {
             new_entries: finished.new_entries,
             failed_reflections: finished.failed,
         };
-        let (_, observed, observe_metrics) = self.hooks.call(
+        let (report, observed, observe_metrics) = self.hooks.call(
             "observe",
             step,
             policy_version,
@@ -484,6 +482,9 @@ impl Stages {
         metrics.observe = observe_metrics;
         metrics.step_time_s = started.elapsed().as_secs_f64();
         let values = metrics.into_values();
+        // The step's rows go to the pool as they were trained (moved, not copied): excluded
+        // turns stayed in the batch for the signals with their mask zeroed.
+        let pool_rows = report.batch.rows;
 
         // Record, off the step's path: the pool actor writes it while the next step runs,
         // and keeps a failure for the trainer's next `Flush`.
