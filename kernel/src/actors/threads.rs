@@ -87,6 +87,9 @@ impl SyncThreads {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    use futures::channel::oneshot;
 
     use super::*;
 
@@ -96,14 +99,19 @@ mod tests {
         type Context = SyncContext<Self>;
     }
 
+    /// Says `started`, then stays busy until `release` gets a value (or its sender is gone).
     #[derive(Message)]
     #[rtype(result = "()")]
-    struct Nap(Duration);
+    struct Busy {
+        started: oneshot::Sender<()>,
+        release: mpsc::Receiver<()>,
+    }
 
-    impl Handler<Nap> for Slow {
+    impl Handler<Busy> for Slow {
         type Result = ();
-        fn handle(&mut self, msg: Nap, _: &mut SyncContext<Self>) {
-            std::thread::sleep(msg.0);
+        fn handle(&mut self, msg: Busy, _: &mut SyncContext<Self>) {
+            let _ = msg.started.send(());
+            let _ = msg.release.recv();
         }
     }
 
@@ -119,20 +127,29 @@ mod tests {
     fn wait_returns_once_the_actor_is_dropped_after_its_last_message() {
         let threads = SyncThreads::default();
         let dropped = Arc::new(AtomicBool::new(false));
+        let (release, released) = mpsc::channel();
         {
             let (threads, dropped) = (threads.clone(), dropped.clone());
             actix::System::new().block_on(async move {
                 let addr = threads.start(move || Slow(dropped.clone()));
-                addr.do_send(Nap(Duration::from_millis(300)));
-                // Let the arbiter hand the message to its thread.
-                actix::clock::sleep(Duration::from_millis(50)).await;
+                let (started, handling) = oneshot::channel();
+                addr.do_send(Busy {
+                    started,
+                    release: released,
+                });
+                // The arbiter has handed the message to its thread.
+                actix::clock::timeout(Duration::from_secs(10), handling)
+                    .await
+                    .expect("the sync thread took the message within 10 s")
+                    .expect("the handler said it started");
                 actix::System::current().stop();
             });
         }
-        // The system is gone, the thread still naps.
+        // The system is gone, the thread is still busy.
         assert_eq!(threads.running(), 1);
         assert!(!dropped.load(Ordering::SeqCst));
         assert_eq!(threads.wait(Duration::from_millis(10)), Err(1));
+        release.send(()).unwrap();
         assert_eq!(threads.wait(Duration::from_secs(10)), Ok(()));
         assert!(
             dropped.load(Ordering::SeqCst),

@@ -704,6 +704,18 @@ mod tests {
         }
     }
 
+    /// Polls `done` every millisecond; fails the test naming `what` after 10 s.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 10 s for {what}"
+            );
+            actix::clock::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn ids(r: &Responses) -> Vec<Vec<u32>> {
         r.generations.iter().map(|g| g.ids.clone()).collect()
     }
@@ -817,7 +829,8 @@ mod tests {
         assert_eq!(ids(&a), vec![vec![40]]);
     }
 
-    /// A policy whose generation takes `nap`: batches stay in flight long enough to watch.
+    /// A policy whose generation takes `nap` per step: the slow pass is what the tests join
+    /// and stop while it runs.
     struct SlowPolicy {
         nap: Duration,
     }
@@ -864,7 +877,11 @@ mod tests {
             let sampler = sampler.start();
             let first = sample(&sampler, vec![vec![1]], params(1), false);
             let burst = async {
-                actix::clock::sleep(Duration::from_millis(60)).await;
+                until("pass 1 to start", || {
+                    stats.batches.load(Ordering::Relaxed) == 1
+                })
+                .await;
+                // Sent in call order, well within pass 1's first step (200 ms).
                 let b = sample(&sampler, vec![vec![2], vec![3]], params(1), false);
                 let c = sample(&sampler, vec![vec![4]], params(1), true);
                 let greedy = SamplingParams {
@@ -872,10 +889,8 @@ mod tests {
                     ..params(1)
                 };
                 let d = sample(&sampler, vec![vec![5]], greedy, false);
-                let late = async {
-                    actix::clock::sleep(Duration::from_millis(20)).await;
-                    sample(&sampler, vec![vec![6]], params(1), false).await
-                };
+                // After d, which closed pass 1 to later arrivals (the mailbox keeps send order).
+                let late = sample(&sampler, vec![vec![6]], params(1), false);
                 futures::join!(b, c, d, late)
             };
             let (first, (b, c, d, late)) = futures::join!(first, burst);
@@ -901,12 +916,17 @@ mod tests {
             let policy = SyncArbiter::start(1, || SlowPolicy {
                 nap: Duration::from_millis(300),
             });
-            let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 8, 1).start();
+            let sampler = Sampler::new(policy.recipient(), Duration::from_millis(1), 8, 1);
+            let stats = sampler.stats();
+            let sampler = sampler.start();
             let request = || sample(&sampler, vec![vec![1]], params(1), true);
             let in_flight = request();
-            actix::clock::sleep(Duration::from_millis(100)).await;
+            until("the first request's pass to start", || {
+                stats.batches.load(Ordering::Relaxed) == 1
+            })
+            .await;
+            // Waits for the pass's next step (300 ms); the stop is handled after it arrives.
             let queued = request();
-            actix::clock::sleep(Duration::from_millis(20)).await;
             let started = std::time::Instant::now();
             let stop = sampler.send(StopSampling);
             let refused = request();

@@ -172,7 +172,7 @@ mod tests {
                 groups: 1,
                 first_group_id: 0,
             });
-            actix::clock::sleep(POLL * 3).await;
+            // The mailbox keeps send order: the collect is waiting when the stop is handled.
             source.send(StopCollecting).await.unwrap();
             let answer = actix::clock::timeout(Duration::from_secs(5), pending)
                 .await

@@ -58,6 +58,7 @@ fn child(run: &Path) -> ! {
     // still being written would read as empty (it did, once, in a loaded CI run).
     std::fs::write(run.join("at-kill.json.part"), expected).unwrap();
     std::fs::rename(run.join("at-kill.json.part"), run.join("at-kill.json")).unwrap();
+    // Idle until the parent's SIGKILL: dying mid-run is the behaviour under test.
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -14,6 +14,7 @@ judges it; this script only exits non-zero when its own calls before the rewards
 
 import argparse
 import json
+import sys
 import threading
 import time
 import urllib.request
@@ -86,12 +87,16 @@ def main():
                              args=(args.base_url, i, args.max_tokens, started, outcomes),
                              daemon=True)
         t.start()
-        started.wait(30)
+        if not started.wait(30):
+            sys.exit(f"client {i} did not start within 30 s")
         threads.append(t)
     # Post the rewards once every client's first request has reached the sampler (one
     # generating, the others queued), bounded: the Rust test then finds no request waiting.
     deadline = time.monotonic() + 60
-    while received(args.base_url) < before + args.clients and time.monotonic() < deadline:
+    while (taken := received(args.base_url) - before) < args.clients:
+        if time.monotonic() > deadline:
+            sys.exit(f"{taken} of {args.clients} clients' first requests reached the sampler "
+                     "within 60 s (GET /health: sampling.requests_received)")
         time.sleep(0.01)
     for g, ep in enumerate(episodes):
         post(f"{args.base_url}/episodes/{ep}/reward", {"reward": float(g)})

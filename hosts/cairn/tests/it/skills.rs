@@ -487,6 +487,8 @@ fn the_endpoint_reflector_over_http_stores_good_replies_and_counts_the_rest() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_url = format!("http://{}/v1", silent.local_addr().unwrap());
     let (stop, stopped) = mpsc::channel::<()>();
+    // Takes connections and never answers (the timeout under test) until `stop`; the accept
+    // is non-blocking so the thread sees `stop`.
     let holder = std::thread::spawn(move || {
         silent.set_nonblocking(true).unwrap();
         let mut held = Vec::new();
