@@ -51,10 +51,8 @@ pub struct Pipeline {
     pub policy: Addr<policy::PolicyActor>,
     /// Serves evaluations, demonstrations and the optimizer's resample rounds.
     pub rollout: Addr<rollout::RolloutActor>,
-    /// Plays the RL steps ([`flow::Produce`]) and forwards them to the reward actor.
-    pub producer: Addr<rollout::RolloutActor>,
-    /// Where the trainer sends [`flow::Produce`]: the producer, or with the gateway its
-    /// [`pull::PullSource`].
+    /// Where the trainer sends [`flow::Produce`]: the rollout producer (which plays each step
+    /// and forwards it to the reward actor), or with the gateway its [`pull::PullSource`].
     pub produce: Recipient<flow::Produce>,
     pub reward: Addr<reward::RewardActor>,
     pub bank: Addr<bank::ExperienceBankActor>,
@@ -266,8 +264,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
     Pipeline {
         policy,
         rollout,
-        produce: producer.clone().recipient(),
-        producer,
+        produce: producer.recipient(),
         reward,
         bank,
         pool,
