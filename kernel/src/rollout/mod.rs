@@ -1022,18 +1022,17 @@ mod fault_tests {
         }
     }
 
-    fn run(faults: Vec<(u64, Option<u32>, Fault)>, specs: &[EpisodeSpec]) -> Rollouts {
-        let release = Arc::new(AtomicBool::new(false));
-        let env: Arc<dyn Environment> = Arc::new(Faulty {
-            faults,
-            release: release.clone(),
-        });
-        let builder = PlainPrompt {
+    fn builder() -> PlainPrompt<WordCodec> {
+        PlainPrompt {
             codec: WordCodec::default(),
             separator: vec![1],
             stop_ids: vec![2],
-        };
-        let params = PlayParams {
+        }
+    }
+
+    /// Three turns of two-token answers, step 0, no context window; `env_timeout` as given.
+    fn params(env_timeout: Option<Duration>) -> PlayParams {
+        PlayParams {
             sampling: SamplingParams {
                 temperature: 1.0,
                 top_p: 1.0,
@@ -1044,9 +1043,18 @@ mod fault_tests {
             max_turns: 3,
             step: 0,
             context_window: None,
-            env_timeout: Some(Duration::from_millis(100)),
+            env_timeout,
             env_name: "faulty-test".into(),
-        };
+        }
+    }
+
+    fn run(faults: Vec<(u64, Option<u32>, Fault)>, specs: &[EpisodeSpec]) -> Rollouts {
+        let release = Arc::new(AtomicBool::new(false));
+        let env: Arc<dyn Environment> = Arc::new(Faulty {
+            faults,
+            release: release.clone(),
+        });
+        let (builder, params) = (builder(), params(Some(Duration::from_millis(100))));
         let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
             let one = Generation {
                 ids: vec![10, 2],
@@ -1186,25 +1194,7 @@ mod fault_tests {
             faults: vec![(1, Some(1), Fault::Error)],
             release: Arc::new(AtomicBool::new(true)),
         });
-        let builder = PlainPrompt {
-            codec: WordCodec::default(),
-            separator: vec![1],
-            stop_ids: vec![2],
-        };
-        let params = PlayParams {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                top_p: 1.0,
-                max_new_tokens: 2,
-                stop_ids: vec![2],
-                seed: 0,
-            },
-            max_turns: 3,
-            step: 0,
-            context_window: None,
-            env_timeout: None,
-            env_name: "faulty-test".into(),
-        };
+        let (builder, params) = (builder(), params(None));
         let specs = [spec(0, 0, 0), spec(0, 1, 1)];
         // The answer of turn k: one id per prompt, k + 10, at version k.
         let answer = |prompts: usize, turn: u64| {
@@ -1273,25 +1263,7 @@ mod fault_tests {
             faults: vec![(1, Some(0), Fault::Panic), (2, Some(2), Fault::Error)],
             release,
         });
-        let builder = PlainPrompt {
-            codec: WordCodec::default(),
-            separator: vec![1],
-            stop_ids: vec![2],
-        };
-        let params = PlayParams {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                top_p: 1.0,
-                max_new_tokens: 2,
-                stop_ids: vec![2],
-                seed: 0,
-            },
-            max_turns: 3,
-            step: 0,
-            context_window: None,
-            env_timeout: None,
-            env_name: "faulty-test".into(),
-        };
+        let (builder, params) = (builder(), params(None));
         let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
             let one = Generation {
                 ids: vec![10, 2],
@@ -1329,24 +1301,11 @@ mod fault_tests {
             faults: vec![],
             release: Arc::new(AtomicBool::new(true)),
         });
-        let builder = PlainPrompt {
-            codec: WordCodec::default(),
-            separator: vec![1],
-            stop_ids: vec![2],
-        };
+        let builder = builder();
         let params = PlayParams {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                top_p: 1.0,
-                max_new_tokens: 2,
-                stop_ids: vec![2],
-                seed: 0,
-            },
-            max_turns: 3,
             step: 4,
             context_window: Some(40),
-            env_timeout: None,
-            env_name: "faulty-test".into(),
+            ..params(None)
         };
         let mut generate = |prompts: &[Vec<u32>], _: &SamplingParams| {
             let one = Generation {
