@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use cairn_kernel::bank::{Bank, EntryFilter};
 use cairn_plugin_sdk::bank::{BankQuery, NewEntry, Provenance};
+use cairn_stores::bank::{Bank, EntryFilter};
 use serde_json::json;
 
 use crate::measure::median;

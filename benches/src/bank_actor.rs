@@ -13,7 +13,7 @@ use std::time::Instant;
 use actix::prelude::*;
 use anyhow::Result;
 use cairn_kernel::actors::bank::{CheckpointBank, ExperienceBankActor};
-use cairn_kernel::bank::{bank_path, Bank};
+use cairn_stores::bank::{bank_path, Bank};
 use serde_json::json;
 
 use crate::measure::median;

@@ -15,8 +15,10 @@
 //!   turn limit, so a step has more rows than the real one; the step's wall time is the
 //!   kernel's (and the plugins') cost alone, reported as turn rows per second.
 //!
-//! One JSON line: per RL step, wall seconds, backend/algorithm/environment seconds, rows and
-//! tokens, and the trainer's own `metrics.jsonl` timings.
+//! One JSON line: per RL step, wall seconds, CPU seconds (the process's, all threads: on a
+//! machine shared with other work this is the steadier number), backend/algorithm/environment
+//! seconds, rows and tokens, and the trainer's own `metrics.jsonl` timings; with the null
+//! backend, the median cost per turn row in wall and CPU microseconds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,14 +28,13 @@ use anyhow::{bail, Context, Result};
 use cairn::setup;
 use cairn_kernel::actors::{self, rollout::RolloutSettings, PipelineParts};
 use cairn_kernel::backend::{NullBackend, PolicyBackend};
-use cairn_kernel::config::PipelineConfig;
 use cairn_kernel::run::RunDir;
 use cairn_kernel::trainer::{Event, Trainer};
 use cairn_plugin_sdk::{Algorithm, Environment};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::measure::{median, rss_kb};
+use crate::measure::{cpu_seconds, median, rss_kb};
 use crate::probes::{Clock, TimedAlgorithm, TimedBackend, TimedEnvironment, Totals};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,13 +74,15 @@ pub struct PipelineArgs {
 #[derive(Clone, Debug)]
 struct StepSample {
     wall_s: f64,
+    /// CPU seconds of the whole process during the step, all threads.
+    cpu_s: f64,
     totals: Totals,
     /// The step's `metrics.jsonl` values.
     values: serde_json::Map<String, Value>,
 }
 
 pub fn run(args: &PipelineArgs) -> Result<()> {
-    let mut config = PipelineConfig::load(&args.config)?;
+    let mut config = cairn_gateway::load_config(&args.config)?;
     config.run.dir = args.run_dir.clone();
     config.run.steps = args.steps;
     config.run.resume = false;
@@ -151,8 +154,8 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
         reward: config.reward.clone(),
         objective: config.objective.clone(),
         // The run's data pool, as `cairn train` writes it: every step's write is in its time.
-        pool: cairn_kernel::pool::Pool::open(&cairn_kernel::pool::pool_path(&args.run_dir))?,
-        bank: cairn_kernel::bank::Bank::in_memory()?,
+        pool: cairn_stores::pool::Pool::open(&cairn_stores::pool::pool_path(&args.run_dir))?,
+        bank: cairn_stores::bank::Bank::in_memory()?,
         skills: config.skills.clone(),
         skills_api_key: None,
         engine: None,
@@ -160,19 +163,20 @@ pub fn run(args: &PipelineArgs) -> Result<()> {
 
     let setup_rss = rss_kb().0;
     let mut samples: Vec<StepSample> = Vec::new();
-    let mut mark: Option<(Instant, Totals)> = None;
+    let mut mark: Option<(Instant, f64, Totals)> = None;
     let started = Instant::now();
     {
         let mut observer = |event: Event| match event {
             Event::PhaseStarted { name, .. } if name == "rl" => {
-                mark = Some((Instant::now(), clock.totals()));
+                mark = Some((Instant::now(), cpu_seconds(), clock.totals()));
             }
             Event::Step(record) if record.phase == "rl" => {
-                let now = Instant::now();
+                let (now, cpu) = (Instant::now(), cpu_seconds());
                 let totals = clock.totals();
-                if let Some((then, before)) = mark.replace((now, totals.clone())) {
+                if let Some((then, cpu_then, before)) = mark.replace((now, cpu, totals.clone())) {
                     samples.push(StepSample {
                         wall_s: (now - then).as_secs_f64(),
+                        cpu_s: cpu - cpu_then,
                         totals: difference(&totals, &before),
                         values: record.values,
                     });
@@ -229,6 +233,7 @@ fn report(args: &PipelineArgs, samples: &[StepSample], total_s: f64, setup_rss: 
             let metric = |k: &str| s.values.get(k).cloned().unwrap_or(Value::Null);
             json!({
                 "wall_s": s.wall_s,
+                "cpu_s": s.cpu_s,
                 "backend_s": backend_s,
                 "overhead_s": (s.wall_s - backend_s).max(0.0),
                 "algorithm_plugin_s": t.algorithm.as_secs_f64(),
@@ -249,12 +254,20 @@ fn report(args: &PipelineArgs, samples: &[StepSample], total_s: f64, setup_rss: 
         .collect();
     let col = |f: &dyn Fn(&StepSample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
     let (rss_end, hwm) = rss_kb();
+    // Per turn row, in µs: the null backend's figure of merit (BENCHMARKS.md, "The cost per
+    // turn row"); the torch backend's rows are dominated by the model.
+    let per_row = |f: &dyn Fn(&StepSample) -> f64| {
+        col(&|s| f(s) / (s.totals.last_train_rows.max(1) as f64) * 1e6)
+    };
     json!({
         "kind": "pipeline",
         "impl": match args.backend { BackendKind::Null => "cairn-null", BackendKind::Torch => "cairn-torch" },
         "threads": args.threads,
         "median": {
             "wall_s": col(&|s| s.wall_s),
+            "cpu_s": col(&|s| s.cpu_s),
+            "wall_us_per_row": per_row(&|s| s.wall_s),
+            "cpu_us_per_row": per_row(&|s| s.cpu_s),
             "backend_s": col(&|s| s.totals.backend.as_secs_f64()),
             "overhead_s": col(&|s| (s.wall_s - s.totals.backend.as_secs_f64()).max(0.0)),
             "algorithm_plugin_s": col(&|s| s.totals.algorithm.as_secs_f64()),

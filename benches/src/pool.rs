@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use cairn_kernel::pool::{
+use cairn_plugin_sdk::TurnRow;
+use cairn_stores::pool::{
     pool_path, EpisodeWrite, ExclusionTarget, Filter, Pool, PoolReader, Source, StepWrite,
     TurnWrite,
 };
-use cairn_plugin_sdk::TurnRow;
 use serde_json::{json, Value};
 
 use crate::measure::median;

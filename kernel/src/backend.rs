@@ -13,6 +13,17 @@ use cairn_plugin_sdk::{FinishReason, Scored};
 use crate::error::{Error, Result};
 use crate::loss::{TeacherScores, TokenLoss, TokenScores};
 
+/// The smallest positive temperature. The sampler divides the f32 logits by the temperature
+/// (`logits / t` on the CPU; `logits * (1/t)`, with `1/t` rounded to f32, on CUDA), so a
+/// logit `x` becomes infinite once `|x| > t × f32::MAX`, and every log-prob of its row NaN:
+/// at `f32::MIN_POSITIVE` (1.2e-38) any logit of 4 or more does (libtorch on the CPU), and
+/// on CUDA below `1/f32::MAX` (2.9e-39) every logit does, `1/t` itself overflowing. No bound
+/// on `t` alone is exact (it depends on the logits), so Cairn takes `t >= 1e-6`, finite
+/// for logits up to 3.4e32, far past any model's, and refuses smaller ones (the config's temperatures, the gateway's requests): such a
+/// temperature samples practically the argmax, as `temperature: 0` (greedy) does. SGLang
+/// treats temperatures below the same 1e-6 as greedy.
+pub const MIN_TEMPERATURE: f32 = 1e-6;
+
 /// How to sample. `temperature` also applies when scoring for training, so the log-probs the
 /// trainer computes are those of the sampling distribution (trl #4159).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::objective::ObjectiveConfig;
+use crate::skills::{ReflectorKind, SkillsConfig};
 
 /// A whole pipeline.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -110,15 +111,15 @@ pub enum SourceConfig {
     Environment,
     /// `cairn train` serves the policy through the OpenAI-compatible gateway and trains on
     /// the episodes an outside harness plays (`tasks_per_step` groups of `group_size`
-    /// episodes sharing a task id per step). Boxed: its settings are far larger than the
-    /// other variant.
-    Gateway(Box<crate::gateway::GatewayConfig>),
+    /// episodes sharing a task id per step). The table holds the gateway's own settings as
+    /// written (without `kind`): the gateway crate reads and checks them
+    /// (`cairn_gateway::GatewayConfig::from_pipeline`), so the kernel names no gateway type.
+    Gateway(toml::Table),
 }
 
 /// By hand rather than derived: serde's internally tagged enums buffer the table before they
 /// read `kind`, and the TOML parser then reports a bad value at the `[source]` header without
-/// its key. Here the table is read first and the gateway's settings from what remains, so an
-/// error names `source.KEY`.
+/// its key. Here the table is read first, so an error names `source.KEY`.
 impl<'de> Deserialize<'de> for SourceConfig {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         use serde::de::Error as _;
@@ -139,11 +140,7 @@ impl<'de> Deserialize<'de> for SourceConfig {
                 ))),
                 None => Ok(SourceConfig::Environment),
             },
-            Some("gateway") => {
-                crate::gateway::GatewayConfig::deserialize(toml::Value::Table(table))
-                    .map(|g| SourceConfig::Gateway(Box::new(g)))
-                    .map_err(|e| D::Error::custom(source_key_error(&e.to_string())))
-            }
+            Some("gateway") => Ok(SourceConfig::Gateway(table)),
             _ => Err(D::Error::custom(format!(
                 "key `source.kind`: {kind} is not a source; use \"environment\" or \"gateway\""
             ))),
@@ -151,20 +148,11 @@ impl<'de> Deserialize<'de> for SourceConfig {
     }
 }
 
-/// A gateway-settings error (`... in `KEY``) rewritten to name `source.KEY` first.
-fn source_key_error(message: &str) -> String {
-    let message = message.trim_end();
-    match message.rsplit_once("\nin `") {
-        Some((what, key)) => format!("key `source.{}`: {what}", key.trim_end_matches('`')),
-        None => format!("[source]: {message}"),
-    }
-}
-
 impl SourceConfig {
-    /// The gateway settings, when the source is the gateway.
-    pub fn gateway(&self) -> Option<&crate::gateway::GatewayConfig> {
+    /// The gateway's settings as written, when the source is the gateway.
+    pub fn gateway(&self) -> Option<&toml::Table> {
         match self {
-            SourceConfig::Gateway(g) => Some(g.as_ref()),
+            SourceConfig::Gateway(g) => Some(g),
             SourceConfig::Environment => None,
         }
     }
@@ -381,8 +369,9 @@ pub struct RolloutConfig {
     #[serde(default)]
     pub on_episode_failure: crate::rollout::FailureRule,
     /// An external rollout engine (vLLM, SGLang, `cairn serve`) instead of the trainer's own
-    /// backend; see `kernel/src/engine` and docs/engine.md.
-    pub engine: Option<crate::engine::EngineConfig>,
+    /// backend, as written: `cairn_gateway::engine::EngineConfig::from_pipeline` reads and
+    /// checks it (docs/engine.md).
+    pub engine: Option<toml::Table>,
 }
 
 fn default_env_timeout_s() -> f64 {
@@ -509,7 +498,7 @@ pub struct BankConfig {
 }
 
 fn default_bank_busy_timeout_ms() -> u64 {
-    crate::bank::DEFAULT_BUSY_TIMEOUT.as_millis() as u64
+    cairn_stores::bank::DEFAULT_BUSY_TIMEOUT.as_millis() as u64
 }
 
 impl Default for BankConfig {
@@ -522,137 +511,14 @@ impl Default for BankConfig {
 
 impl BankConfig {
     /// Opens (or creates) the run's bank, `<run>/bank.sqlite`.
-    pub fn open(&self, run_root: &Path) -> Result<crate::bank::Bank> {
-        crate::bank::Bank::open_with(
-            &crate::bank::bank_path(run_root),
+    pub fn open(&self, run_root: &Path) -> Result<cairn_stores::bank::Bank> {
+        cairn_stores::bank::Bank::open_with(
+            &cairn_stores::bank::bank_path(run_root),
             std::time::Duration::from_millis(self.busy_timeout_ms),
         )
+        .map_err(Into::into)
     }
 }
-
-/// `[skills]`: the skill-creator actor, which answers plugins' reflection requests with bank
-/// entries (docs/skills.md).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SkillsConfig {
-    /// Who writes the entries: `template` (deterministic), `policy` (the policy itself) or
-    /// `endpoint` (an OpenAI-compatible chat endpoint, `[skills.endpoint]`).
-    #[serde(default)]
-    pub reflector: ReflectorKind,
-    /// Reflections queued or in flight at most; a `reflect` call that would exceed it is
-    /// refused (and counted in `skills/queue_full`).
-    #[serde(default = "default_skills_queue")]
-    pub queue: usize,
-    /// `[skills.policy]`: generation settings of the `policy` reflector.
-    #[serde(default)]
-    pub policy: PolicyReflectorConfig,
-    /// `[skills.endpoint]`: required with `reflector = "endpoint"`.
-    pub endpoint: Option<EndpointConfig>,
-}
-
-impl Default for SkillsConfig {
-    fn default() -> Self {
-        SkillsConfig {
-            reflector: ReflectorKind::default(),
-            queue: default_skills_queue(),
-            policy: PolicyReflectorConfig::default(),
-            endpoint: None,
-        }
-    }
-}
-
-fn default_skills_queue() -> usize {
-    64
-}
-
-/// `skills.reflector`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReflectorKind {
-    #[default]
-    Template,
-    Policy,
-    Endpoint,
-}
-
-impl ReflectorKind {
-    /// The name used in configs and in the entries' writer (`skill-creator:<name>`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReflectorKind::Template => "template",
-            ReflectorKind::Policy => "policy",
-            ReflectorKind::Endpoint => "endpoint",
-        }
-    }
-}
-
-/// `[skills.policy]`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyReflectorConfig {
-    /// Reply length limit in tokens.
-    #[serde(default = "default_reflection_tokens")]
-    pub max_new_tokens: u32,
-    /// 0: greedy.
-    #[serde(default)]
-    pub temperature: f32,
-}
-
-impl Default for PolicyReflectorConfig {
-    fn default() -> Self {
-        PolicyReflectorConfig {
-            max_new_tokens: default_reflection_tokens(),
-            temperature: 0.0,
-        }
-    }
-}
-
-fn default_reflection_tokens() -> u32 {
-    256
-}
-
-/// `[skills.endpoint]`: an OpenAI-compatible chat endpoint (`POST {base_url}/chat/completions`).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointConfig {
-    /// The API root, as OpenAI clients take it: `https://api.example.com/v1`,
-    /// `http://127.0.0.1:8400/v1`.
-    pub base_url: String,
-    /// The `model` field of each request.
-    pub model: String,
-    /// Name of the environment variable holding the API key (sent as `Authorization: Bearer`);
-    /// the host reads it at start ([`PipelineConfig::skills_api_key`]). Absent: no key.
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    /// Limit of one HTTP attempt (connect, send and the whole reply), milliseconds.
-    #[serde(default = "default_endpoint_timeout_ms")]
-    pub timeout_ms: u64,
-    /// Retries after a timeout, a failed connection, HTTP 408, 429 or 5xx (at most 10).
-    #[serde(default = "default_endpoint_retries")]
-    pub max_retries: u32,
-    /// Wait before the first retry, doubled for each next one, milliseconds.
-    #[serde(default = "default_endpoint_backoff_ms")]
-    pub retry_backoff_ms: u64,
-    /// `max_tokens` of each request.
-    #[serde(default = "default_reflection_tokens")]
-    pub max_tokens: u32,
-    /// `temperature` of each request (0: greedy).
-    #[serde(default)]
-    pub temperature: f32,
-}
-
-fn default_endpoint_timeout_ms() -> u64 {
-    60_000
-}
-fn default_endpoint_retries() -> u32 {
-    2
-}
-fn default_endpoint_backoff_ms() -> u64 {
-    500
-}
-
-/// Most retries `skills.endpoint.max_retries` may ask for.
-pub const MAX_ENDPOINT_RETRIES: u32 = 10;
 
 /// The range a numeric key must lie in. Every range also excludes NaN and ±inf: a non-finite
 /// learning rate or penalty passes every comparison-free code path and only surfaces steps
@@ -776,7 +642,7 @@ impl PipelineConfig {
         }
         // The sampler divides the logits by the temperature: below this they overflow to inf
         // and every log-prob is NaN (the gateway refuses such requests by the same bound).
-        let min = crate::gateway::request::MIN_TEMPERATURE;
+        let min = crate::backend::MIN_TEMPERATURE;
         for (key, t) in [
             ("rollout.temperature", self.rollout.temperature),
             ("eval.temperature", self.eval.temperature),
@@ -854,10 +720,7 @@ impl PipelineConfig {
                 ));
             }
         }
-        if let Some(engine) = &r.engine {
-            if let Err((key, message)) = engine.check() {
-                return Err(self.error(&format!("rollout.engine.{key}"), message));
-            }
+        if r.engine.is_some() {
             if self.episode_source.gateway().is_some() {
                 return Err(self.error(
                     "rollout.engine",
@@ -940,65 +803,12 @@ impl PipelineConfig {
         self.validate_source()
     }
 
-    /// `[skills]`: ranges, and the endpoint table the `endpoint` reflector needs.
+    /// `[skills]`: the skill creator checks its own table.
     fn validate_skills(&self) -> Result<()> {
-        let s = &self.skills;
-        if s.queue == 0 {
-            return Err(self.error("skills.queue", "must be at least 1"));
+        match self.skills.problem() {
+            Some((key, message)) => Err(self.error(key, message)),
+            None => Ok(()),
         }
-        if s.policy.max_new_tokens == 0 {
-            return Err(self.error("skills.policy.max_new_tokens", "must be at least 1"));
-        }
-        if !(s.policy.temperature >= 0.0 && s.policy.temperature.is_finite()) {
-            return Err(self.error(
-                "skills.policy.temperature",
-                "must be a finite number >= 0 (0 is greedy)",
-            ));
-        }
-        let Some(e) = &s.endpoint else {
-            if s.reflector == ReflectorKind::Endpoint {
-                return Err(self.error(
-                    "skills.reflector",
-                    "`endpoint` needs a `[skills.endpoint]` table with `base_url` and `model`",
-                ));
-            }
-            return Ok(());
-        };
-        if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
-            return Err(self.error(
-                "skills.endpoint.base_url",
-                format!(
-                    "`{}` is not an http:// or https:// URL (give the API root, e.g. \
-                     `https://api.example.com/v1`)",
-                    e.base_url
-                ),
-            ));
-        }
-        if e.model.is_empty() {
-            return Err(self.error("skills.endpoint.model", "must not be empty"));
-        }
-        if e.api_key_env.as_deref().is_some_and(str::is_empty) {
-            return Err(self.error(
-                "skills.endpoint.api_key_env",
-                "must name an environment variable (or leave the key out for no API key)",
-            ));
-        }
-        if e.timeout_ms == 0 {
-            return Err(self.error("skills.endpoint.timeout_ms", "must be at least 1"));
-        }
-        if e.max_retries > MAX_ENDPOINT_RETRIES {
-            return Err(self.error(
-                "skills.endpoint.max_retries",
-                format!("must be at most {MAX_ENDPOINT_RETRIES}"),
-            ));
-        }
-        if e.max_tokens == 0 {
-            return Err(self.error("skills.endpoint.max_tokens", "must be at least 1"));
-        }
-        if !(0.0..=2.0).contains(&e.temperature) {
-            return Err(self.error("skills.endpoint.temperature", "must be in [0, 2]"));
-        }
-        Ok(())
     }
 
     /// The `endpoint` reflector's API key: `lookup` (the host passes `std::env::var`) of the
@@ -1037,7 +847,7 @@ impl PipelineConfig {
     /// gateway has no environment, no expert for a warm start, and a scratch model needs a
     /// tokenizer from somewhere.
     fn validate_source(&self) -> Result<()> {
-        let Some(gateway) = self.episode_source.gateway() else {
+        if self.episode_source.gateway().is_none() {
             if self.environment.is_none() {
                 return Err(self.error(
                     "environment",
@@ -1045,9 +855,6 @@ impl PipelineConfig {
                 ));
             }
             return Ok(());
-        };
-        if let Some((key, message)) = gateway.problem() {
-            return Err(self.error(key, message));
         }
         if self.environment.is_some() {
             return Err(self.error(
@@ -1425,26 +1232,10 @@ pub(crate) mod tests {
         );
     }
 
-    /// A bad value in `[source]` is reported with its key, not only at the table's header
-    /// (serde's tagged enums lose the key: the fuzz harness found `bind = []` reported as
-    /// "invalid type: sequence" at `[source]`).
+    /// A bad `[source]` is reported with its key, not only at the table's header (serde's
+    /// tagged enums lose the key). The gateway's own keys are the gateway crate's to check.
     #[test]
     fn source_errors_name_their_key() {
-        let gateway = |line: &str| {
-            let text = format!("{MINIMAL}\n[source]\nkind = \"gateway\"\n{line}\n");
-            PipelineConfig::parse(&text, "p.toml")
-                .unwrap_err()
-                .to_string()
-        };
-        for (line, key) in [
-            ("bind = []", "`source.bind`"),
-            ("episode_timeout_s = {}", "`source.episode_timeout_s`"),
-            ("missing_reward = []", "`source.missing_reward`"),
-            ("no_such_key = 1", "no_such_key"),
-        ] {
-            let e = gateway(line);
-            assert!(e.contains(key), "{line}: {e}");
-        }
         let text = format!("{MINIMAL}\n[source]\nkind = \"nowhere\"\n");
         let e = PipelineConfig::parse(&text, "p.toml")
             .unwrap_err()
@@ -1555,7 +1346,7 @@ tasks = 4
     }
 
     #[test]
-    fn gateway_source_parses_and_checks_its_combinations() {
+    fn the_gateway_source_needs_a_tokenizer_and_no_environment() {
         let gateway = MINIMAL
             .replace(
                 "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
@@ -1566,21 +1357,13 @@ tasks = 4
                 "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
             );
         let c = PipelineConfig::parse(&gateway, "test.toml").unwrap();
-        let g = c.episode_source.gateway().expect("gateway source");
-        assert_eq!(
-            (g.bind.as_str(), g.model_name.as_str()),
-            ("127.0.0.1:0", "cairn")
-        );
+        assert!(c.episode_source.gateway().is_some());
         assert_eq!(c.environment_name(), "gateway harness");
-        let e = err(&gateway.replace("bind = ", "bnd = "));
-        assert!(e.contains("unknown field `bnd`"), "{e}");
         let e = err(&gateway.replace("tokenizer = \"tok\"\n", ""));
         assert!(
             e.contains("`model.scratch`") && e.contains("tokenizer_corpus"),
             "{e}"
         );
-        let e = err(&gateway.replace("missing_reward = \"fill\"", "episode_timeout_s = 0"));
-        assert!(e.contains("source.episode_timeout_s"), "{e}");
         let e = err(&MINIMAL.replace(
             "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
             "",
@@ -1662,20 +1445,6 @@ tasks = 4
                [skills.endpoint]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n"
     }
 
-    /// The gateway source (its own numeric keys), otherwise `MINIMAL`.
-    fn gateway_float_keys() -> String {
-        MINIMAL
-            .replace(
-                "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
-                "[source]\nkind = \"gateway\"\nmissing_reward = \"fill\"\nfill_reward = 0.5\n\
-                 step_timeout_s = 30.0\n",
-            )
-            .replace(
-                "num_key_value_heads = 1\n",
-                "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
-            )
-    }
-
     /// The dotted keys of every float in `value` (plugin tables left out: their plugins
     /// check them), an array's floats under the array's key.
     fn float_keys(prefix: &str, value: &toml::Value, out: &mut Vec<String>) {
@@ -1720,7 +1489,7 @@ tasks = 4
     #[test]
     fn every_float_key_refuses_inf_and_nan_by_name() {
         let mut checked = 0;
-        for text in [every_float_key(), gateway_float_keys()] {
+        for text in [every_float_key()] {
             // The keys come from the parsed config as it serialises, defaults included, so a
             // new float key is covered without touching this test.
             let config = PipelineConfig::parse(&text, "test.toml").unwrap();
@@ -2003,64 +1772,6 @@ tasks = 4
             assert!(check_services("edge", &needs, &HostServices::TRAINING).is_ok());
         }
         assert!(check_services("edge", &Requirements::default(), &HostServices::OFFLINE).is_ok());
-    }
-
-    #[test]
-    fn the_gateway_harness_provides_only_what_it_posts() {
-        let gateway = MINIMAL
-            .replace(
-                "[environment]\nplugin = \"household\"\nconfig = { max_turns = 8 }\n",
-                "[source]\nkind = \"gateway\"\n",
-            )
-            .replace(
-                "num_key_value_heads = 1\n",
-                "num_key_value_heads = 1\ntokenizer = \"tok\"\n",
-            )
-            .replace("\"grpo\"", "\"gigpo\"");
-        let c = PipelineConfig::parse(&gateway, "test.toml").unwrap();
-        let g = c.episode_source.gateway().expect("gateway source");
-        let harness = crate::gateway::HarnessEnvironment::new(g);
-        let info = cairn_plugin_sdk::Environment::info(&harness);
-        assert_eq!(info, cairn_plugin_sdk::EnvironmentInfo::default());
-        let gigpo = cairn_plugin_sdk::Requirements {
-            anchor_keys: true,
-            step_rewards: false,
-            ..Default::default()
-        };
-        let e = c.check_requirements(&gigpo, &info).unwrap_err().to_string();
-        assert!(
-            e.contains("algorithm `gigpo` sets `requirements.anchor_keys`")
-                && e.contains("environment `gateway harness` does not provide it")
-                && e.contains("`[source] anchors = true`"),
-            "{e}"
-        );
-        // A harness that declares its anchors may train gigpo.
-        let declared = gateway.replace(
-            "kind = \"gateway\"\n",
-            "kind = \"gateway\"\nanchors = true\n",
-        );
-        let c = PipelineConfig::parse(&declared, "test.toml").unwrap();
-        let harness = crate::gateway::HarnessEnvironment::new(c.episode_source.gateway().unwrap());
-        let info = cairn_plugin_sdk::Environment::info(&harness);
-        assert!(info.anchor_keys && !info.step_rewards && !info.feedback && !info.tools);
-        assert!(c.check_requirements(&gigpo, &info).is_ok());
-        // Nothing else a harness cannot provide is claimed.
-        for needs in [
-            cairn_plugin_sdk::Requirements {
-                step_rewards: true,
-                ..Default::default()
-            },
-            cairn_plugin_sdk::Requirements {
-                feedback: true,
-                ..Default::default()
-            },
-            cairn_plugin_sdk::Requirements {
-                tool_free_slots: true,
-                ..Default::default()
-            },
-        ] {
-            assert!(c.check_requirements(&needs, &info).is_err(), "{needs:?}");
-        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub enum Error {
     Config { file: String, message: String },
 
     #[error(transparent)]
-    Load(#[from] cairn_plugin_sdk::foreign::LoadError),
+    Load(#[from] cairn_plugin_sdk::host::foreign::LoadError),
 
     #[error("no {kind} plugin named `{name}` in {dirs}; available: {available}. Build it (cargo build -p cairn-{name}) or add its directory to `plugins.dirs`")]
     MissingPlugin {
@@ -69,71 +69,6 @@ pub enum Error {
 
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
-
-    /// An experience bank file that is not a readable bank (not SQLite, damaged, or another
-    /// program's database). The bank never writes to such a file.
-    #[error("{path}: not a readable experience bank ({detail}); the file was left as it is: move it aside to start an empty bank, or copy a checkpoint's `bank.sqlite` in its place")]
-    BankCorrupt { path: PathBuf, detail: String },
-
-    /// Another connection holds the bank's write lock for longer than the busy timeout.
-    #[error("{path}: the experience bank is locked by another connection ({detail}); stop the other process using it (another `cairn train` on this run directory?), or give this run its own run directory")]
-    BankLocked { path: PathBuf, detail: String },
-
-    /// A bank written with another schema version.
-    #[error("{path}: experience bank schema version {found}, but this cairn reads version {expected}; open it with the cairn that wrote it, or move it aside to start an empty bank")]
-    BankSchema {
-        path: PathBuf,
-        found: String,
-        expected: u32,
-    },
-
-    /// A bank request naming an entry the bank does not hold; nothing was changed.
-    #[error("{path}: no entry {id} in the experience bank; nothing was changed")]
-    BankNoEntry { path: PathBuf, id: u64 },
-
-    /// A bank request with an invalid value (`what` names it); nothing was changed.
-    #[error("{path}: {what}: {detail}; nothing was changed")]
-    BankInvalid {
-        path: PathBuf,
-        what: String,
-        detail: String,
-    },
-
-    /// Any other failure of the bank's SQLite database (`doing` says what it was doing).
-    #[error("{path}: experience bank, {doing}: {detail}")]
-    Bank {
-        path: PathBuf,
-        doing: &'static str,
-        detail: String,
-    },
-
-    /// A run directory without a data pool (`<run>/pool.sqlite`), for a command that reads one.
-    #[error("no data pool in {} (no pool.sqlite): the run was not trained yet, or by a cairn from before the data pool; run `cairn train` on it first (the pool is written as it trains)", run.display())]
-    NoPool { run: PathBuf },
-
-    /// A path given as a run directory that does not exist or is not a directory.
-    #[error("{}: {what}; give a run directory (the config's `run.dir`, e.g. runs/household-grpo)", run.display())]
-    NotARunDir {
-        run: PathBuf,
-        /// `no such directory` or `not a directory`.
-        what: &'static str,
-    },
-
-    /// A data-pool file written with another schema version.
-    #[error("{path}: data pool schema version {found}, but this cairn reads version {expected}; open it with the cairn that wrote it, or move it aside (a new run starts an empty pool)")]
-    PoolSchema {
-        path: PathBuf,
-        found: String,
-        expected: u32,
-    },
-
-    /// Any other failure of the data pool's SQLite database (`doing` says what it was doing).
-    #[error("{path}: data pool, {doing}: {detail}")]
-    Pool {
-        path: PathBuf,
-        doing: &'static str,
-        detail: String,
-    },
 
     #[error("model: {0}")]
     Model(String),
@@ -206,6 +141,9 @@ pub enum Error {
 
     #[error("{0}")]
     Other(String),
+    /// The experience bank or the data pool ([`cairn_stores`]).
+    #[error(transparent)]
+    Store(#[from] cairn_stores::Error),
 }
 
 impl Error {

@@ -7,22 +7,19 @@
 
 pub mod actors;
 pub mod backend;
-pub mod bank;
 pub mod config;
 pub mod deadline;
-pub mod engine;
 pub mod error;
-pub mod gateway;
+pub mod files;
 pub mod loss;
 pub mod memory;
+pub mod messages;
 pub mod objective;
 pub mod plugins;
-pub mod pool;
 pub mod retry;
 pub mod rollout;
 pub mod run;
 pub mod skills;
-mod sqlite;
 pub mod stack;
 pub mod text;
 pub mod trainer;

@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use cairn_plugin_sdk::ffi::PluginKind;
-use cairn_plugin_sdk::foreign::{load_plugin, LoadError, LoadedPlugin};
+use cairn_plugin_sdk::host::foreign::PluginKind;
+use cairn_plugin_sdk::host::foreign::{load_plugin, LoadError, LoadedPlugin};
 
 use crate::error::{Error, Result};
 

@@ -109,7 +109,8 @@ pub fn request_stop(reason: &'static str) {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
 }
 
-pub(crate) fn stop_requested() -> Option<&'static str> {
+/// The reason of a stop [`request_stop`] asked for, if any.
+pub fn stop_requested() -> Option<&'static str> {
     *STOP
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -177,7 +178,7 @@ impl Trainer<'_> {
                 // plugins' state.
                 if !state.run_id.is_empty() {
                     for (file, what) in [
-                        (crate::bank::snapshot_path(&dir), "bank snapshot"),
+                        (cairn_stores::bank::snapshot_path(&dir), "bank snapshot"),
                         (dir.join("algorithm.state"), "algorithm state"),
                     ] {
                         if !file.is_file() {
@@ -193,7 +194,7 @@ impl Trainer<'_> {
                 }
                 // The bank as it was at the checkpoint; a checkpoint from before the bank
                 // existed had none, so the bank starts empty.
-                if crate::bank::snapshot_path(&dir).is_file() {
+                if cairn_stores::bank::snapshot_path(&dir).is_file() {
                     ask(
                         &self.pipeline.bank,
                         RestoreBank {
@@ -594,7 +595,7 @@ impl Trainer<'_> {
     }
 
     /// Says which curated exclusions of the data pool this run's training will skip.
-    fn note_exclusions(&mut self, exclusions: &crate::pool::Exclusions) {
+    fn note_exclusions(&mut self, exclusions: &cairn_stores::pool::Exclusions) {
         if exclusions.is_empty() {
             return;
         }
@@ -631,10 +632,10 @@ impl Trainer<'_> {
         let mut report = report;
         // Into the data pool (source `eval:<label>`, numbered by the RL steps done), before
         // the eval.jsonl line, so a checkpoint's line count also counts the pool's evaluations.
-        let source = crate::pool::Source::Eval(label.to_string());
+        let source = cairn_stores::pool::Source::Eval(label.to_string());
         let turns = std::mem::take(&mut report.rows)
             .into_iter()
-            .map(|row| crate::pool::TurnWrite {
+            .map(|row| cairn_stores::pool::TurnWrite {
                 row,
                 advantages: None,
                 trained: false,
@@ -643,10 +644,14 @@ impl Trainer<'_> {
             .collect();
         let seeds: std::collections::HashMap<u64, u64> =
             std::mem::take(&mut report.seeds).into_iter().collect();
-        let mut episodes =
-            crate::pool::EpisodeWrite::group(&source, state.rl_steps, state.global_step, turns);
+        let mut episodes = cairn_stores::pool::EpisodeWrite::group(
+            &source,
+            state.rl_steps,
+            state.global_step,
+            turns,
+        );
         for f in std::mem::take(&mut report.failed_episodes) {
-            episodes.push(crate::pool::EpisodeWrite::failed(
+            episodes.push(crate::actors::pool::failed_episode(
                 &source,
                 state.rl_steps,
                 state.global_step,

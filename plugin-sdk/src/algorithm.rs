@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::bank::EntryKind;
 use crate::batch::{Batch, ContextVariant, Signals};
 use crate::error::Result;
-use crate::host::Host;
+use crate::services::Host;
 
 /// What part of a stack a plugin plays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,6 @@
 //! adapter method runs the plugin's code under [`guard`], which turns a panic into a
 //! [`PluginError`] of kind [`ErrorKind::Panic`].
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -15,51 +14,22 @@ use abi_stable::{
     library::{__call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult},
     prefix_type::PrefixTypeTrait,
     sabi_trait::TD_Opaque,
-    std_types::{RBoxError, RErr, ROk, ROption, RString, RVec},
+    std_types::{RBoxError, RErr, ROption, RString, RVec},
 };
 
 #[doc(hidden)]
 pub use abi_stable::std_types::{RResult, RStr};
 
 use crate::algorithm::{Algorithm, GroupRequest, StepReport, TurnContextRequest};
-use crate::bank::{BankQuery, NewEntry, ReflectionRequest, Retrieved, StatsUpdate};
 use crate::batch::{Batch, ContextVariant};
 use crate::env::{Environment, Episode, Split, TaskRef};
 use crate::error::{ErrorKind, PluginError, Result};
-use crate::ffi::*;
-use crate::host::{
-    GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, ScoreWeights, Scored,
+pub use crate::host::ffi::guard;
+use crate::host::ffi::*;
+use crate::host::ffi::{from_json, to_json};
+use crate::services::{
+    json_services, GenerateRequest, Generation, Host, ScoreRequest, ScoreWeights, Scored,
 };
-
-/// The services a plugin reaches through [`FfiHost::call_json`]: method name, payload type,
-/// result type. A host answers an unknown name with a `Host` error, so a plugin built for a
-/// newer SDK gets a clear refusal from an older host instead of undefined behaviour.
-pub const HOST_METHODS: &[(&str, &str, &str)] = &[
-    ("render_prompt", "RenderRequest", "Vec<u32>"),
-    ("bank_query", "BankQuery", "Vec<Retrieved>"),
-    ("bank_put", "Vec<NewEntry>", "Vec<u64>"),
-    ("bank_update", "Vec<StatsUpdate>", "()"),
-    ("reflect", "Vec<ReflectionRequest>", "Vec<u64>"),
-];
-
-/// Runs `f`, turning an `Err` or a panic into an FFI error.
-pub fn guard<T>(f: impl FnOnce() -> Result<T>) -> RResult<T, FfiError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => ROk(v),
-        Ok(Err(e)) => RErr(e.into()),
-        Err(payload) => RErr(PluginError::from_panic(payload).into()),
-    }
-}
-
-pub(crate) fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| PluginError::input(format!("malformed {what}: {e}")))
-}
-
-pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<RString> {
-    serde_json::to_string(value)
-        .map(RString::from)
-        .map_err(|e| PluginError::internal(format!("serialising to JSON: {e}")))
-}
 
 /// Exposes an [`Algorithm`] as an [`FfiAlgorithm`].
 pub struct AlgorithmAdapter<A>(pub A);
@@ -181,6 +151,19 @@ impl<E: Environment> FfiEnvironment for EnvironmentAdapter<E> {
 /// The host's callbacks, as a plugin sees them.
 pub struct ForeignHost<'a>(pub FfiHostRef<'a>);
 
+/// [`Host`] methods that send their argument to the host as JSON through
+/// [`FfiHost::call_json`], one per row of [`crate::services::json_services!`].
+macro_rules! calls_through_the_boundary {
+    ($($(#[$doc:meta])* fn $name:ident($arg:ident: &$payload:ty) -> $result:ty,
+        lacking $what:literal;)*) => {
+        $(
+            fn $name(&self, $arg: &$payload) -> Result<$result> {
+                self.call(stringify!($name), &$arg)
+            }
+        )*
+    };
+}
+
 impl ForeignHost<'_> {
     fn call<P: serde::Serialize, R: serde::de::DeserializeOwned>(
         &self,
@@ -241,25 +224,7 @@ impl Host for ForeignHost<'_> {
             .map_err(PluginError::from)
     }
 
-    fn render_prompt(&self, request: &RenderRequest) -> Result<Vec<u32>> {
-        self.call("render_prompt", request)
-    }
-
-    fn bank_query(&self, query: &BankQuery) -> Result<Vec<Retrieved>> {
-        self.call("bank_query", query)
-    }
-
-    fn bank_put(&self, entries: &[NewEntry]) -> Result<Vec<u64>> {
-        self.call("bank_put", &entries)
-    }
-
-    fn bank_update(&self, updates: &[StatsUpdate]) -> Result<()> {
-        self.call("bank_update", &updates)
-    }
-
-    fn reflect(&self, requests: &[ReflectionRequest]) -> Result<Vec<u64>> {
-        self.call("reflect", &requests)
-    }
+    json_services!(calls_through_the_boundary);
 
     fn log_metric(&self, name: &str, value: f64) {
         self.0.log_metric(name.into(), value)
@@ -325,31 +290,6 @@ impl From<Scored> for FfiScored {
             top_ids: s.top_ids.into(),
             top_logprobs: s.top_logprobs.into(),
         }
-    }
-}
-
-/// Answers a [`FfiHost::call_json`] call on the host side: decodes the payload, calls the
-/// [`Host`] method, encodes the result.
-pub(crate) fn dispatch_host_call(host: &dyn Host, method: &str, payload: &str) -> Result<RString> {
-    match method {
-        "render_prompt" => to_json(&host.render_prompt(&from_json(method, payload)?)?),
-        "bank_query" => to_json(&host.bank_query(&from_json(method, payload)?)?),
-        "bank_put" => to_json(&host.bank_put(&from_json::<Vec<NewEntry>>(method, payload)?)?),
-        "bank_update" => {
-            to_json(&host.bank_update(&from_json::<Vec<StatsUpdate>>(method, payload)?)?)
-        }
-        "reflect" => {
-            to_json(&host.reflect(&from_json::<Vec<ReflectionRequest>>(method, payload)?)?)
-        }
-        other => Err(PluginError::host(format!(
-            "the host has no service `{other}` (it offers {}); the plugin was built for a \
-             newer Cairn",
-            HOST_METHODS
-                .iter()
-                .map(|m| m.0)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
     }
 }
 
@@ -509,7 +449,7 @@ macro_rules! __export_root_module {
 macro_rules! __export_root_module_with_abi {
     ($abi:expr, $describe:ident, $create_algorithm:ident, $create_environment:ident) => {
         const _: () = {
-            fn __cairn_root_module() -> $crate::ffi::CairnPluginRef {
+            fn __cairn_root_module() -> $crate::host::ffi::CairnPluginRef {
                 $crate::export::root_module($abi, $describe, $create_algorithm, $create_environment)
             }
             #[used]
@@ -541,23 +481,29 @@ macro_rules! __export_root_module_with_abi {
 #[macro_export]
 macro_rules! export_algorithm {
     (name: $name:expr, description: $description:expr, create: $create:path $(,)?) => {
-        extern "C" fn __cairn_describe() -> $crate::ffi::FfiPluginInfo {
+        extern "C" fn __cairn_describe() -> $crate::host::ffi::FfiPluginInfo {
             $crate::export::plugin_info(
                 $name,
                 env!("CARGO_PKG_VERSION"),
-                $crate::ffi::PluginKind::Algorithm,
+                $crate::host::ffi::PluginKind::Algorithm,
                 $description,
             )
         }
         extern "C" fn __cairn_create_algorithm(
             config: $crate::export::RStr<'_>,
-        ) -> $crate::export::RResult<$crate::ffi::FfiAlgorithmBox, $crate::ffi::FfiError> {
+        ) -> $crate::export::RResult<
+            $crate::host::ffi::FfiAlgorithmBox,
+            $crate::host::ffi::FfiError,
+        > {
             $crate::export::create_algorithm(config, $create)
         }
         extern "C" fn __cairn_create_environment(
             _config: $crate::export::RStr<'_>,
-        ) -> $crate::export::RResult<$crate::ffi::FfiEnvironmentBox, $crate::ffi::FfiError> {
-            $crate::export::wrong_kind($name, $crate::ffi::PluginKind::Algorithm)
+        ) -> $crate::export::RResult<
+            $crate::host::ffi::FfiEnvironmentBox,
+            $crate::host::ffi::FfiError,
+        > {
+            $crate::export::wrong_kind($name, $crate::host::ffi::PluginKind::Algorithm)
         }
         $crate::__export_root_module!(
             __cairn_describe,
@@ -571,22 +517,28 @@ macro_rules! export_algorithm {
 #[macro_export]
 macro_rules! export_environment {
     (name: $name:expr, description: $description:expr, create: $create:path $(,)?) => {
-        extern "C" fn __cairn_describe() -> $crate::ffi::FfiPluginInfo {
+        extern "C" fn __cairn_describe() -> $crate::host::ffi::FfiPluginInfo {
             $crate::export::plugin_info(
                 $name,
                 env!("CARGO_PKG_VERSION"),
-                $crate::ffi::PluginKind::Environment,
+                $crate::host::ffi::PluginKind::Environment,
                 $description,
             )
         }
         extern "C" fn __cairn_create_algorithm(
             _config: $crate::export::RStr<'_>,
-        ) -> $crate::export::RResult<$crate::ffi::FfiAlgorithmBox, $crate::ffi::FfiError> {
-            $crate::export::wrong_kind($name, $crate::ffi::PluginKind::Environment)
+        ) -> $crate::export::RResult<
+            $crate::host::ffi::FfiAlgorithmBox,
+            $crate::host::ffi::FfiError,
+        > {
+            $crate::export::wrong_kind($name, $crate::host::ffi::PluginKind::Environment)
         }
         extern "C" fn __cairn_create_environment(
             config: $crate::export::RStr<'_>,
-        ) -> $crate::export::RResult<$crate::ffi::FfiEnvironmentBox, $crate::ffi::FfiError> {
+        ) -> $crate::export::RResult<
+            $crate::host::ffi::FfiEnvironmentBox,
+            $crate::host::ffi::FfiError,
+        > {
             $crate::export::create_environment(config, $create)
         }
         $crate::__export_root_module!(

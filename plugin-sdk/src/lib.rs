@@ -2,9 +2,10 @@
 //!
 //! A plugin is a `cdylib` that depends on this crate alone, implements [`Algorithm`] or
 //! [`Environment`], and exports itself with [`export_algorithm!`] or [`export_environment!`].
-//! The host opens it at run time with [`foreign::load_plugin`] and drives it through
-//! [`foreign::ForeignAlgorithm`] / [`foreign::ForeignEnvironment`], which implement the same
-//! traits. Neither side names an `abi_stable` type: the `repr(C)` mirrors live in [`ffi`].
+//! The host opens it at run time with [`host::foreign::load_plugin`] and drives it through
+//! [`host::foreign::ForeignAlgorithm`] / [`host::foreign::ForeignEnvironment`], which implement
+//! the same traits. Neither side names an `abi_stable` type: the `repr(C)` mirrors live in
+//! [`host::ffi`], which an author never opens.
 //!
 //! Main types: [`TurnRow`] and [`Batch`] (what rollouts produce), [`Signals`] (what an
 //! algorithm returns: per-token advantages, auxiliary coefficients, dropped groups, metrics),
@@ -18,13 +19,11 @@ pub mod algorithm;
 pub mod bank;
 pub mod batch;
 pub mod config;
-mod elf;
 pub mod env;
 pub mod error;
 pub mod export;
-pub mod ffi;
-pub mod foreign;
 pub mod host;
+pub mod services;
 pub mod stack;
 pub mod state;
 pub mod stats;
@@ -46,7 +45,7 @@ pub use env::{
     Environment, EnvironmentInfo, Episode, Observation, Split, StepOutcome, TaskInfo, TaskRef,
 };
 pub use error::{ErrorKind, PluginError, Result};
-pub use host::{
+pub use services::{
     GenerateRequest, Generation, HistoryTurn, Host, OfflineHost, RenderRequest, ScoreRequest,
     ScoreWeights, Scored,
 };
@@ -59,5 +58,5 @@ pub use stack::{Member, Stack, StackError};
 pub struct Guide;
 
 /// The plugin ABI this SDK speaks. Bumped on any change to a `repr(C)` type or FFI trait in
-/// [`ffi`]; the host refuses plugins built for another number. 4: `signals` takes `&self`.
+/// [`host::ffi`]; the host refuses plugins built for another number. 4: `signals` takes `&self`.
 pub const ABI_VERSION: u32 = 4;

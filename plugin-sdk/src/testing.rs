@@ -9,6 +9,9 @@
 //! `inject + "|" + observation` ([`render_bytes`]) and text tokenizes as its bytes, so a test
 //! can build the exact prompt ids a plugin will see.
 //!
+//! [`load_test_cdylib`] opens the plugin's own `cdylib`, built for the same test run, as the
+//! kernel opens it, for the one test that drives the plugin through the ABI.
+//!
 //! ```
 //! use cairn_plugin_sdk::testing::MockHost;
 //! use cairn_plugin_sdk::{BankEntry, Host, NewEntry, ReflectionRequest};
@@ -31,7 +34,8 @@ use crate::bank::{
     StatsUpdate,
 };
 use crate::error::{PluginError, Result};
-use crate::host::{GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, Scored};
+use crate::host::foreign::{load_plugin, LoadedPlugin};
+use crate::services::{GenerateRequest, Generation, Host, RenderRequest, ScoreRequest, Scored};
 
 type Scorer = Box<dyn Fn(&ScoreRequest) -> Result<Scored> + Send + Sync>;
 type Renderer = Box<dyn Fn(&RenderRequest) -> Result<Vec<u32>> + Send + Sync>;
@@ -40,6 +44,30 @@ type Generator = Box<dyn Fn(&GenerateRequest) -> Result<Generation> + Send + Syn
 type SkillCreator = Box<dyn Fn(&ReflectionRequest, u64) -> Option<NewEntry> + Send + Sync>;
 type Ranking = Box<dyn Fn(&BankQuery, &mut Vec<BankEntry>) + Send + Sync>;
 type Retrieval = Box<dyn Fn(&BankQuery, &[BankEntry]) -> Vec<BankEntry> + Send + Sync>;
+
+/// Loads the `cdylib` of crate `crate_name` (`"cairn_grpo"`: the library name, underscores
+/// for dashes) that cargo built for this test run, with the host's loader
+/// ([`crate::host::foreign::load_plugin`]), as the kernel loads a plugin. Panics with the path
+/// and the loader's error when it fails.
+///
+/// `cargo test -p <plugin>` builds a package's `cdylib` into `target/<profile>/deps/`, the
+/// directory of the test binary, and the file name there carries no hash. The copy one level
+/// up is not looked at: cargo refreshes it only on `cargo build`, so it may be stale.
+pub fn load_test_cdylib(crate_name: &str) -> LoadedPlugin {
+    let exe = std::env::current_exe().expect("the running test binary has a path");
+    let path = exe.with_file_name(format!(
+        "{}{crate_name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    // Every `LoadError` starts with the path it was given.
+    load_plugin(&path).unwrap_or_else(|e| {
+        panic!(
+            "{e} (cargo builds a package's cdylib beside its test binary when its `crate-type` \
+             lists \"cdylib\"; run the test with `cargo test -p <package>`)"
+        )
+    })
+}
 
 /// What [`MockHost`] renders for a request by default: the bytes of
 /// `inject + "|" + observation`.
@@ -424,6 +452,26 @@ impl Host for MockHost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_test_cdylib_is_named_by_its_path_beside_the_test_binary() {
+        let panic = std::panic::catch_unwind(|| load_test_cdylib("cairn_no_such_plugin"))
+            .expect_err("this crate builds no such cdylib");
+        let message = panic
+            .downcast_ref::<String>()
+            .expect("a formatted panic message");
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().display().to_string();
+        let file = format!(
+            "{}cairn_no_such_plugin{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        assert!(
+            message.starts_with(&format!("{dir}/{file}: cannot open")),
+            "{message}"
+        );
+    }
     use crate::bank::{EntryKind, EntryStats};
     use crate::batch::ContextVariant;
     use crate::env::Observation;

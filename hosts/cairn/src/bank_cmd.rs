@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use cairn_kernel::bank::{bank_path, Bank, EntryFilter};
 use cairn_plugin_sdk::bank::{BankEntry, EntryKind, EntryStatus};
+use cairn_stores::bank::{bank_path, Bank, EntryFilter};
 use clap::Subcommand;
 
 use crate::output::{Existing, Output};
@@ -312,8 +312,8 @@ fn render_entry(e: &BankEntry) -> String {
 
 #[cfg(test)]
 mod tests {
-    use cairn_kernel::bank::Bank;
     use cairn_plugin_sdk::bank::{EntryStats, NewEntry, Provenance, StatsUpdate};
+    use cairn_stores::bank::Bank;
 
     use super::*;
 

@@ -11,15 +11,14 @@
 use std::path::Path;
 
 use anyhow::Result;
-use cairn_kernel::config::PipelineConfig;
 
 /// `cairn check CONFIG`: prints a short summary on success (plugins and their versions, the
 /// stack, the model, the run); returns the first error otherwise.
 pub fn check(path: &Path) -> Result<()> {
-    let config = PipelineConfig::load(path)?;
+    let config = cairn_gateway::load_config(path)?;
     let plugins = cairn::setup::checked(&config)?;
     // Every check before the first line printed: "ok" is never followed by an error.
-    let engine = match &config.rollout.engine {
+    let engine = match cairn_gateway::engine::EngineConfig::from_pipeline(&config)? {
         Some(engine) => {
             let at = match &engine.launch {
                 Some(launch) => format!(

@@ -233,12 +233,12 @@ mod with_torch {
                     setup::keeps_knowledge(config, &plugins.algorithm.requirements()),
                 )?,
                 config.bank.open(&run.root)?,
-                cairn_kernel::pool::Pool::open(&cairn_kernel::pool::pool_path(&run.root))?,
+                cairn_stores::pool::Pool::open(&cairn_stores::pool::pool_path(&run.root))?,
             ),
             TokenizerSource::Run => (
                 setup::run_tokenizer(config, &run.root)?,
-                cairn_kernel::bank::Bank::in_memory()?,
-                cairn_kernel::pool::Pool::in_memory()?,
+                cairn_stores::bank::Bank::in_memory()?,
+                cairn_stores::pool::Pool::in_memory()?,
             ),
         };
         let builder = setup::prompt_builder(config, &tokenizer)?;
@@ -273,8 +273,8 @@ mod with_torch {
 
     fn load_config(path: Option<&Path>) -> Result<PipelineConfig> {
         Ok(match path {
-            Some(p) => PipelineConfig::load(p)?,
-            None => PipelineConfig::parse(
+            Some(p) => cairn_gateway::load_config(p)?,
+            None => cairn_gateway::parse_config(
                 DEFAULT_CONFIG,
                 "<embedded default: examples/household-grpo.toml>",
             )?,
@@ -331,7 +331,10 @@ mod with_torch {
             window,
         )? {
             Some(prepared) => {
-                parts.engine = Some((prepared.client, prepared.settings));
+                parts.engine = Some(cairn_gateway::engine::EngineActor::starter(
+                    prepared.client,
+                    prepared.settings,
+                ));
                 prepared.launched
             }
             None => None,
@@ -361,11 +364,11 @@ mod with_torch {
             let threads = pipeline.threads.clone();
             let summary = async {
                 // The gateway source: serve the policy and train on the harness's episodes.
-                let gateway = match config.episode_source.gateway() {
+                let gateway = match cairn_gateway::GatewayConfig::from_pipeline(&config)? {
                     Some(g) => {
                         let policy = pipeline.policy.clone().recipient();
                         let started =
-                            crate::serve::start(&config, g, &tokenizer, policy, true, &g.bind)?;
+                            crate::serve::start(&config, &g, &tokenizer, policy, true, &g.bind)?;
                         pipeline
                             .attach_gateway(started.link.clone(), config.rollout.tasks_per_step);
                         Some(started)
@@ -489,13 +492,13 @@ mod with_torch {
         // checkpoint's own run, or the one the given config names.
         let (config, run_root) = match config_path {
             Some(path) => {
-                let config = PipelineConfig::load(path)?;
+                let config = cairn_gateway::load_config(path)?;
                 let root = config.run.dir.clone();
                 (config, root)
             }
             None => {
                 let root = run_of(checkpoint)?;
-                (PipelineConfig::load(&root.join("config.toml"))?, root)
+                (cairn_gateway::load_config(&root.join("config.toml"))?, root)
             }
         };
         // --record never lands on the run's stores (nor the checkpoint's bank); a refused path
@@ -514,7 +517,7 @@ mod with_torch {
         let run = RunDir { root: run_root };
         let (mut parts, _algorithm) = parts(&config, &run, TokenizerSource::Run)?;
         parts.backend.load(&policy_dir)?;
-        let bank_snapshot = cairn_kernel::bank::snapshot_path(checkpoint);
+        let bank_snapshot = cairn_stores::bank::snapshot_path(checkpoint);
         if bank_snapshot.exists() {
             parts.bank.restore_from(&bank_snapshot)?;
         }

@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use cairn_gateway::engine::{EngineClient, EngineConfig, EngineKind, EngineSettings, LaunchConfig};
 use cairn_kernel::backend::PolicyBackend;
 use cairn_kernel::config::PipelineConfig;
-use cairn_kernel::engine::{EngineClient, EngineConfig, EngineKind, EngineSettings, LaunchConfig};
 use cairn_kernel::text::Tokenizer;
 
 /// Ids in the probe prompt.
@@ -76,7 +76,7 @@ pub fn prepare(
     tokenizer: &Tokenizer,
     context_window: usize,
 ) -> Result<Option<Prepared>> {
-    let Some(engine) = &config.rollout.engine else {
+    let Some(engine) = EngineConfig::from_pipeline(config)? else {
         return Ok(None);
     };
     let weights_dir = engine
@@ -101,13 +101,13 @@ pub fn prepare(
             backend.export(&tokenizer_dir, &dir).with_context(|| {
                 format!("writing the engine's first weights to {}", dir.display())
             })?;
-            let l = launch_engine(engine, launch, &program, &dir, run_root)?;
+            let l = launch_engine(&engine, launch, &program, &dir, run_root)?;
             urls = vec![l.url.clone()];
             Some(l)
         }
         None => None,
     };
-    let client = EngineClient::connect(engine, &urls, tokenizer.vocab_size())?;
+    let client = EngineClient::connect(&engine, &urls, tokenizer.vocab_size())?;
     check_context(&client, context_window)?;
     check_tokenizer(&client, tokenizer)?;
     eprintln!(
@@ -124,7 +124,7 @@ pub fn prepare(
             probe_tolerance: engine.probe_tolerance,
             weights_dir,
             tokenizer_dir,
-            probe_prompt: cairn_kernel::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN),
+            probe_prompt: cairn_gateway::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN),
             seed: config.run.seed,
         },
         client,
@@ -196,7 +196,7 @@ fn check_context(client: &EngineClient, context_window: usize) -> Result<()> {
 
 /// The engine's ids for a text made of the trainer's vocabulary must be the trainer's.
 fn check_tokenizer(client: &EngineClient, tokenizer: &Tokenizer) -> Result<()> {
-    let probe = cairn_kernel::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN);
+    let probe = cairn_gateway::engine::probe_prompt(tokenizer.vocab_size(), PROBE_LEN);
     let text = tokenizer.decode(&probe)?;
     let ours = tokenizer.encode(&text)?;
     for url in client.urls() {

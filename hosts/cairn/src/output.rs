@@ -294,8 +294,8 @@ impl Output<'_> {
 /// bank.
 pub fn run_stores(run_dir: &Path) -> Vec<PathBuf> {
     vec![
-        cairn_kernel::pool::pool_path(run_dir),
-        cairn_kernel::bank::bank_path(run_dir),
+        cairn_stores::pool::pool_path(run_dir),
+        cairn_stores::bank::bank_path(run_dir),
     ]
 }
 

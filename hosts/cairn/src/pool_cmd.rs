@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use cairn_kernel::config::PipelineConfig;
-use cairn_kernel::pool::{
-    existing_pool_path, EpisodeSummary, ExclusionTarget, Filter, Pool, PoolReader, TurnRecord,
-};
 use cairn_kernel::text::Tokenizer;
 use cairn_plugin_sdk::Batch;
+use cairn_stores::pool::{
+    existing_pool_path, EpisodeSummary, ExclusionTarget, Filter, Pool, PoolReader, TurnRecord,
+};
 use clap::{Subcommand, ValueEnum};
 
 use crate::output::{Existing, Output};

@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use cairn_gateway::HarnessEnvironment;
 use cairn_kernel::config::AlgorithmSection;
 use cairn_kernel::config::{PipelineConfig, PromptFormat};
-use cairn_kernel::gateway::HarnessEnvironment;
 use cairn_kernel::plugins::{dirs_or_default, PluginRegistry};
 use cairn_kernel::rollout::prompt::{ChatPrompt, PlainPrompt, PromptBuilder};
 use cairn_kernel::stack::{Member, Stack};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
-use cairn_plugin_sdk::foreign::ForeignAlgorithm;
+use cairn_plugin_sdk::host::foreign::ForeignAlgorithm;
 use cairn_plugin_sdk::{Environment, ErrorKind, PluginError, Requirements};
 use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
 
@@ -138,7 +138,7 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
     for failure in &failures {
         tracing::warn!("{failure}");
     }
-    let version = |kind: cairn_plugin_sdk::ffi::PluginKind, name: &str| {
+    let version = |kind: cairn_plugin_sdk::host::foreign::PluginKind, name: &str| {
         registry
             .plugins()
             .iter()
@@ -165,14 +165,14 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
                 .try_info()
                 .with_context(|| format!("environment `{env_name}`"))?;
             used.extend(version(
-                cairn_plugin_sdk::ffi::PluginKind::Environment,
+                cairn_plugin_sdk::host::foreign::PluginKind::Environment,
                 env_name,
             ));
             (Arc::new(env), info)
         }
         None => {
             let harness = HarnessEnvironment::new(
-                &config.episode_source.gateway().cloned().unwrap_or_default(),
+                &cairn_gateway::GatewayConfig::from_pipeline(config)?.unwrap_or_default(),
             );
             (Arc::new(harness), harness.info())
         }
@@ -203,7 +203,10 @@ pub fn plugins(config: &PipelineConfig) -> Result<Plugins> {
             .try_requirements()
             .with_context(|| format!("algorithm `{name}` ({key})"))?;
         config.check_member_requirements(name, &requirements, &info)?;
-        used.extend(version(cairn_plugin_sdk::ffi::PluginKind::Algorithm, name));
+        used.extend(version(
+            cairn_plugin_sdk::host::foreign::PluginKind::Algorithm,
+            name,
+        ));
         members.push(Member {
             name: name.clone(),
             requirements,

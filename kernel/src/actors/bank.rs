@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use actix::prelude::*;
 use cairn_plugin_sdk::bank::{BankQuery, NewEntry, Provenance, Retrieved, StatsUpdate};
 
-use crate::bank::{snapshot_path, Bank};
 use crate::error::{Error, Result};
+use cairn_stores::bank::{snapshot_path, Bank};
 
 pub struct ExperienceBankActor {
     bank: Bank,
@@ -40,7 +40,7 @@ pub struct QueryBank(pub BankQuery);
 impl Handler<QueryBank> for ExperienceBankActor {
     type Result = Result<Vec<Retrieved>>;
     fn handle(&mut self, msg: QueryBank, _: &mut Self::Context) -> Self::Result {
-        self.bank.query(&msg.0)
+        self.bank.query(&msg.0).map_err(Into::into)
     }
 }
 
@@ -67,7 +67,7 @@ impl Handler<PutEntries> for ExperienceBankActor {
             source_trajectories: Vec::new(),
             writer: msg.writer,
         };
-        self.bank.put(&msg.entries, &defaults)
+        self.bank.put(&msg.entries, &defaults).map_err(Into::into)
     }
 }
 
@@ -80,7 +80,7 @@ pub struct UpdateEntries(pub Vec<StatsUpdate>);
 impl Handler<UpdateEntries> for ExperienceBankActor {
     type Result = Result<()>;
     fn handle(&mut self, msg: UpdateEntries, _: &mut Self::Context) -> Self::Result {
-        self.bank.update(&msg.0)
+        self.bank.update(&msg.0).map_err(Into::into)
     }
 }
 
@@ -96,7 +96,9 @@ impl Handler<CheckpointBank> for ExperienceBankActor {
     type Result = Result<()>;
     fn handle(&mut self, msg: CheckpointBank, _: &mut Self::Context) -> Self::Result {
         std::fs::create_dir_all(&msg.dir).map_err(|e| Error::io(&msg.dir, e))?;
-        self.bank.snapshot_to(&snapshot_path(&msg.dir))
+        self.bank
+            .snapshot_to(&snapshot_path(&msg.dir))
+            .map_err(Into::into)
     }
 }
 
@@ -128,7 +130,7 @@ impl Handler<RestoreBank> for ExperienceBankActor {
                 )));
             }
         }
-        self.bank.restore_from(&path)
+        self.bank.restore_from(&path).map_err(Into::into)
     }
 }
 
@@ -157,7 +159,7 @@ mod tests {
     use cairn_plugin_sdk::bank::{EntryKind, EntryStatus};
 
     use super::*;
-    use crate::bank::{bank_path, EntryFilter};
+    use cairn_stores::bank::{bank_path, EntryFilter};
 
     fn entry(text: &str) -> NewEntry {
         NewEntry {
@@ -241,7 +243,13 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_err();
-            assert!(matches!(err, Error::BankNoEntry { id: 9, .. }), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    Error::Store(cairn_stores::Error::BankNoEntry { id: 9, .. })
+                ),
+                "{err}"
+            );
             addr.send(RestoreBank {
                 dir: checkpoint.clone(),
                 run_id: None,
@@ -257,7 +265,13 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_err();
-            assert!(matches!(missing, Error::FileNotFound { .. }), "{missing}");
+            assert!(
+                matches!(
+                    missing,
+                    Error::Store(cairn_stores::Error::FileNotFound { .. })
+                ),
+                "{missing}"
+            );
             actix::System::current().stop();
         });
         let bank = Bank::open(&bank_path(dir.path())).unwrap();

@@ -10,7 +10,7 @@
 //! | [`pool::DataPoolActor`] | `SyncArbiter` (1 thread) | the data pool (SQLite): one transaction per RL step, evaluations, curated exclusions, truncation on resume |
 //! | [`skills::SkillCreatorActor`] | async arbiter + one reflector `SyncArbiter` thread | answers reflection requests with bank entries |
 //! | [`optimizer::OptimizerActor`] | an arbiter of its own (async; the algorithm's hooks block only it) | trains the forwarded steps in order: prepare (staleness, ℓ_old / ℓ_ref), signals and resampling, update, `observe`, record; reports each step to the trainer |
-//! | [`crate::engine::EngineActor`] (with `[rollout.engine]`) | async arbiter (its HTTP calls on threads of their own) | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
+//! | the engine actor of `cairn-gateway` (with `[rollout.engine]`, started through [`engine::StartEngine`]) | async arbiter (its HTTP calls on threads of their own) | the rollout actors' generation on an external engine over HTTP, with the weight sync per policy version |
 //!
 //! [`host::KernelHost`] is the plugins' [`cairn_plugin_sdk::Host`]: messages to the policy, the
 //! bank and the skill creator, made from the rollout and optimizer threads.
@@ -24,6 +24,7 @@
 //! threads (the policy's runs libtorch) before the process exits.
 
 pub mod bank;
+pub mod engine;
 pub mod flow;
 pub mod hooks;
 pub mod host;
@@ -60,12 +61,10 @@ pub struct Pipeline {
     pub pool: Addr<pool::DataPoolActor>,
     pub skills: Addr<skills::SkillCreatorActor>,
     pub optimizer: Addr<optimizer::OptimizerActor>,
-    /// The external rollout engine's actor, with `[rollout.engine]`.
-    pub engine: Option<Addr<crate::engine::EngineActor>>,
     /// With the gateway source: training episodes come from the gateway instead of the
     /// rollout actor, and generation pauses around weight updates. `None` from [`start`];
     /// attach one with [`Pipeline::attach_gateway`].
-    pub gateway: Option<crate::gateway::GatewayLink>,
+    pub gateway: Option<pull::GatewayLink>,
     /// The `SyncArbiter` threads above (policy, bank, pool): the host waits on it, after the
     /// actix system is dropped, before the process exits (see [`threads`]).
     pub threads: threads::SyncThreads,
@@ -74,7 +73,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// Trains on a gateway's episodes instead of the rollout producer's. Call inside the
     /// running actix `System`.
-    pub fn attach_gateway(&mut self, link: crate::gateway::GatewayLink, tasks_per_step: usize) {
+    pub fn attach_gateway(&mut self, link: pull::GatewayLink, tasks_per_step: usize) {
         self.optimizer.do_send(optimizer::AttachGateway {
             collect: link.collect.clone(),
             pause: link.pause.clone(),
@@ -106,17 +105,17 @@ pub struct PipelineParts {
     pub objective: ObjectiveConfig,
     /// The run's data pool (`Pool::open(&pool::pool_path(run))`, or `Pool::in_memory()`
     /// where nothing persists); the pool actor owns it.
-    pub pool: crate::pool::Pool,
+    pub pool: cairn_stores::pool::Pool,
     /// The run's experience bank (`Bank::open(&bank::bank_path(run))`, or `Bank::in_memory()`
     /// where nothing persists); the bank actor owns it.
-    pub bank: crate::bank::Bank,
+    pub bank: cairn_stores::bank::Bank,
     /// The skill creator's reflector.
-    pub skills: crate::config::SkillsConfig,
+    pub skills: crate::skills::SkillsConfig,
     /// The `endpoint` reflector's API key ([`crate::config::PipelineConfig::skills_api_key`]).
     pub skills_api_key: Option<String>,
     /// An external rollout engine, connected and checked (`[rollout.engine]`): the rollout
     /// actors generate through it instead of the policy actor.
-    pub engine: Option<(crate::engine::EngineClient, crate::engine::EngineSettings)>,
+    pub engine: Option<engine::StartEngine>,
 }
 
 /// Starts every actor and wires them: producer → reward → optimizer ([`flow`]), with the
@@ -178,20 +177,9 @@ pub fn start(parts: PipelineParts) -> Pipeline {
     // The rollout actors' generation: the policy actor, or the external engine.
     // Async, and it never blocks (its HTTP calls run on threads of their own): beside the
     // reward and skill actors.
-    let engine = parts.engine.map(|(client, settings)| {
-        crate::engine::EngineActor::new(
-            client,
-            settings,
-            crate::engine::PolicyLinks {
-                version: policy.clone().recipient(),
-                export: policy.clone().recipient(),
-                score: policy.clone().recipient(),
-            },
-        )
-        .start()
-    });
+    let engine = parts.engine.map(|start| start(policy.clone()));
     let rollout_generate: Recipient<policy::Generate> = match &engine {
-        Some(e) => e.clone().recipient(),
+        Some(e) => e.generate.clone(),
         None => policy.clone().recipient(),
     };
 
@@ -242,7 +230,7 @@ pub fn start(parts: PipelineParts) -> Pipeline {
             objective: parts.objective.clone(),
             settings: parts.optimizer.clone(),
             gateway: None,
-            engine: engine.clone().map(Addr::recipient),
+            engine: engine.map(|e| e.stats),
         };
         let arbiter = Arbiter::new().handle();
         optimizer::OptimizerActor::start_in_arbiter(&arbiter.clone(), move |_| {
@@ -270,7 +258,6 @@ pub fn start(parts: PipelineParts) -> Pipeline {
         pool,
         skills,
         optimizer,
-        engine,
         gateway: None,
         threads,
     }

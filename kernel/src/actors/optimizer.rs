@@ -39,18 +39,18 @@ use crate::actors::flow::{Arrived, Collected, Proceed, StartRl, StepDone, StepOu
 use crate::actors::hooks::Hooks;
 use crate::actors::policy::{PolicyVersion, Score, TrainStep};
 use crate::actors::pool::{ReadExclusions, RecordStep};
+use crate::actors::pull::{PauseSampling, ResumeSampling};
 use crate::actors::reward::{reward_rollouts, RewardConfig};
 use crate::actors::rollout::CollectGroups;
 use crate::actors::skills::TakeFinished;
 use crate::backend::{Sequence, StepReport, Weights};
 use crate::error::{Error, Result};
-use crate::gateway::{PauseSampling, ResumeSampling};
 use crate::loss::SftLoss;
 use crate::objective::{
     all_rows, apply_kl_to_rewards, train_sequences, trained_rows, KlMode, LossReport,
     ObjectiveConfig, RlLoss,
 };
-use crate::pool::{EpisodeWrite, Exclusions, Source, StepWrite, TurnWrite};
+use cairn_stores::pool::{EpisodeWrite, Exclusions, Source, StepWrite, TurnWrite};
 
 /// What the optimizer needs from the pipeline config.
 #[derive(Clone, Debug)]
@@ -115,7 +115,7 @@ pub struct Stages {
     /// With the gateway: generation pauses around each weight update.
     pub gateway: Option<(Recipient<PauseSampling>, Recipient<ResumeSampling>)>,
     /// With an external rollout engine: its sync counters go into each step's metrics.
-    pub engine: Option<Recipient<crate::engine::ReadEngineStats>>,
+    pub engine: Option<Recipient<crate::actors::engine::ReadEngineStats>>,
 }
 
 /// Where the optimizer is in the RL phase (see [`super::flow`] for the rules).
@@ -439,7 +439,7 @@ impl Stages {
             .chain(host_metrics)
             .collect();
         if let Some(engine) = &self.engine {
-            metrics.engine = Some(engine.send(crate::engine::ReadEngineStats).await?);
+            metrics.engine = Some(engine.send(crate::actors::engine::ReadEngineStats).await?);
         }
         metrics.excluded_rows = curated.rows();
         let seeds = std::mem::take(&mut collected.seeds);
@@ -749,7 +749,7 @@ struct StepMetrics {
     /// What planning and the per-turn hook logged, summed by name.
     planned: Vec<(String, f64)>,
     staleness: Staleness,
-    engine: Option<crate::engine::EngineStats>,
+    engine: Option<crate::actors::engine::EngineStats>,
     /// Rows the data pool's curated exclusions kept out.
     excluded_rows: usize,
     /// The last mini-batch's loss report.
@@ -1145,10 +1145,10 @@ fn step_write(p: StepParts<'_>) -> StepWrite {
             .iter_mut()
             .find(|e| e.trajectory_id == f.trajectory_id)
         {
-            e.failure = EpisodeWrite::failed(&source, step, global_step, f).failure;
+            e.failure = super::pool::failed_episode(&source, step, global_step, f).failure;
             continue;
         }
-        let mut e = EpisodeWrite::failed(&source, step, global_step, f);
+        let mut e = super::pool::failed_episode(&source, step, global_step, f);
         e.seed = seeds.get(&f.trajectory_id).copied();
         e.round = curated.rounds.get(&f.trajectory_id).copied().unwrap_or(0);
         episodes.push(e);

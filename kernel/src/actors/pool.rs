@@ -15,8 +15,10 @@
 
 use actix::prelude::*;
 
+use cairn_stores::pool::{EpisodeWrite, Exclusions, Pool, Source, StepWrite};
+
 use crate::error::Result;
-use crate::pool::{EpisodeWrite, Exclusions, Pool, StepWrite};
+use crate::rollout::FailedEpisode;
 
 pub struct DataPoolActor {
     pool: Pool,
@@ -32,6 +34,30 @@ impl DataPoolActor {
 
 impl Actor for DataPoolActor {
     type Context = SyncContext<Self>;
+}
+
+/// The pool's row for an episode that failed (no turns): its failure is `<kind>: <reason>`.
+pub fn failed_episode(
+    source: &Source,
+    step: u64,
+    global_step: u64,
+    failed: &FailedEpisode,
+) -> EpisodeWrite {
+    EpisodeWrite {
+        source: source.clone(),
+        step,
+        global_step,
+        round: 0,
+        trajectory_id: failed.trajectory_id,
+        group_id: failed.group_id,
+        task_id: failed.task_id.clone(),
+        seed: None,
+        harness_episode: None,
+        episode_reward: None,
+        success: false,
+        failure: Some(format!("{}: {}", failed.kind, failed.reason)),
+        turns: Vec::new(),
+    }
 }
 
 /// Write one RL step (its `steps` row, episodes and turns) in one transaction. Sent, not
@@ -85,7 +111,7 @@ pub struct RecordEvaluation(pub Vec<EpisodeWrite>);
 impl Handler<RecordEvaluation> for DataPoolActor {
     type Result = Result<()>;
     fn handle(&mut self, msg: RecordEvaluation, _: &mut Self::Context) -> Self::Result {
-        self.pool.record_episodes(&msg.0)
+        self.pool.record_episodes(&msg.0).map_err(Into::into)
     }
 }
 
@@ -97,7 +123,7 @@ pub struct ReadExclusions;
 impl Handler<ReadExclusions> for DataPoolActor {
     type Result = Result<Exclusions>;
     fn handle(&mut self, _: ReadExclusions, _: &mut Self::Context) -> Self::Result {
-        self.pool.exclusions()
+        self.pool.exclusions().map_err(Into::into)
     }
 }
 
@@ -119,7 +145,7 @@ impl Handler<TruncatePool> for DataPoolActor {
     fn handle(&mut self, msg: TruncatePool, _: &mut Self::Context) -> Self::Result {
         self.pool
             .truncate_after(msg.rl_steps, msg.global_step, msg.evals)?;
-        self.pool.exclusions()
+        self.pool.exclusions().map_err(Into::into)
     }
 }
 
@@ -133,7 +159,7 @@ impl Handler<ResetPool> for DataPoolActor {
     type Result = Result<Exclusions>;
     fn handle(&mut self, _: ResetPool, _: &mut Self::Context) -> Self::Result {
         self.pool.reset()?;
-        self.pool.exclusions()
+        self.pool.exclusions().map_err(Into::into)
     }
 }
 

@@ -2,6 +2,10 @@
 //! them: the gateway's episode source, which answers [`CollectGroups`] once harnesses have
 //! finished enough episodes. For each [`Produce`] it asks for the step's groups and forwards
 //! the answer to the reward actor, like the rollout actor does with the groups it plays.
+//!
+//! It also holds what a pipeline knows of such a source ([`GatewayLink`]): the kernel names
+//! no gateway type, so the gateway (crate `cairn-gateway`) depends on the kernel and never the
+//! other way.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -11,6 +15,26 @@ use actix::prelude::*;
 use crate::actors::flow::{Played, Produce};
 use crate::actors::rollout::CollectGroups;
 use crate::error::Error;
+
+/// A pulled source as a training pipeline sees it: where a step's episodes come from, and the
+/// pause around weight updates. Attached with [`super::Pipeline::attach_gateway`].
+#[derive(Clone)]
+pub struct GatewayLink {
+    pub collect: Recipient<CollectGroups>,
+    pub pause: Recipient<PauseSampling>,
+    pub resume: Recipient<ResumeSampling>,
+}
+
+/// Stop launching generation batches; resolves when the batches in flight are done (the
+/// optimizer sends it before a weight update).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PauseSampling;
+
+/// Launch the queued generation requests and go on batching (after the update).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResumeSampling;
 
 /// See the module docs.
 pub struct PullSource {

@@ -21,8 +21,8 @@ use cairn_plugin_sdk::{NewEntry, Provenance, ReflectionRequest, TurnRow};
 use parking_lot::Mutex;
 
 use crate::actors::bank::PutEntries;
-use crate::config::SkillsConfig;
 use crate::error::{Error, Result};
+use crate::skills::SkillsConfig;
 use crate::skills::{Draft, FailureKind, Job, ReflectionFailure, Reflector};
 
 /// Queue reflections; returns one ticket per request, in order, at once.

@@ -13,8 +13,9 @@
 //! [`PlayParams::env_timeout`] fails that episode only: it is reported in [`Rollouts::failed`]
 //! with the kind, the call, the task, the turn and the message, the turns it played are put
 //! in [`Rollouts::failed_rows`] (episode reward 0, not a success, `extra.failed` = the kind),
-//! and the other episodes go on. The calls run on a worker thread ([`crate::deadline`]): a
-//! hung episode is abandoned with its worker. What becomes of the failed episode's group is
+//! and the other episodes go on. The calls run on a worker thread, a turn's calls handed to
+//! it together ([`crate::deadline::call_each`]): a hung episode is abandoned with its worker,
+//! and the episodes after it step on a fresh one. What becomes of the failed episode's group is
 //! [`FailureRule`]'s choice ([`apply_failure_rule`]).
 
 pub mod prompt;
@@ -277,7 +278,7 @@ impl Fault {
 
     /// A plugin error or panic inside `observation()`, which reports it in the text.
     fn in_observation(observation: &Observation) -> Option<Fault> {
-        let prefix = cairn_plugin_sdk::foreign::OBSERVATION_ERROR_PREFIX;
+        let prefix = cairn_plugin_sdk::host::foreign::OBSERVATION_ERROR_PREFIX;
         let message = observation.text.strip_prefix(prefix)?;
         let message = message.strip_suffix(']').unwrap_or(message);
         Some(Fault {
@@ -291,50 +292,63 @@ impl Fault {
     }
 }
 
-/// Starts an episode and reads its first observation, under the deadline.
-fn start_episode(
+/// A started episode with its first observation, or why it did not start.
+type Started = std::result::Result<(Box<dyn Episode>, Observation), Fault>;
+
+/// A stepped episode with the step's outcome, or why the step failed.
+type Stepped = std::result::Result<(Box<dyn Episode>, StepOutcome), Fault>;
+
+/// Starts the episodes of `specs` and reads their first observations, in order, each call
+/// under the deadline ([`deadline::call_each`]: one hand-off to the worker for them all).
+fn start_episodes(
     env: &Arc<dyn Environment>,
-    spec: &EpisodeSpec,
+    specs: &[EpisodeSpec],
     params: &PlayParams,
-) -> std::result::Result<(Box<dyn Episode>, Observation), Fault> {
-    let env = env.clone();
-    let (task, seed, variant) = (spec.task, spec.seed, spec.variant.clone());
-    let answer = deadline::call(params.env_timeout, move || {
-        env.start(task, seed, &variant).map(|episode| {
-            let observation = episode.observation();
-            (episode, observation)
+) -> Vec<Started> {
+    let calls: Vec<_> = specs
+        .iter()
+        .map(|spec| {
+            let env = env.clone();
+            let (task, seed, variant) = (spec.task, spec.seed, spec.variant.clone());
+            move || {
+                env.start(task, seed, &variant).map(|episode| {
+                    let observation = episode.observation();
+                    (episode, observation)
+                })
+            }
         })
-    });
-    match answer {
-        Ok(Ok((episode, observation))) => match Fault::in_observation(&observation) {
-            Some(fault) => Err(fault),
-            None => Ok((episode, observation)),
-        },
-        Ok(Err(e)) => Err(Fault::plugin(&e)),
-        Err(m) => Err(Fault::missed(m, &params.env_name)),
-    }
+        .collect();
+    deadline::call_each(params.env_timeout, calls)
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(Ok((episode, observation))) => match Fault::in_observation(&observation) {
+                Some(fault) => Err(fault),
+                None => Ok((episode, observation)),
+            },
+            Ok(Err(e)) => Err(Fault::plugin(&e)),
+            Err(m) => Err(Fault::missed(m, &params.env_name)),
+        })
+        .collect()
 }
 
-/// One step of an episode under the deadline: the episode comes back with the outcome, or is
-/// dropped (on an error, on the worker) or abandoned (on a timeout).
-fn step_episode(
-    episode: Box<dyn Episode>,
-    action: &str,
-    params: &PlayParams,
-) -> std::result::Result<(Box<dyn Episode>, StepOutcome), Fault> {
-    let action = action.to_string();
-    let answer = deadline::call(params.env_timeout, move || {
-        let mut episode = episode;
-        match episode.step(&action) {
-            Ok(outcome) => Ok((episode, outcome)),
-            Err(e) => Err(e),
-        }
-    });
-    match answer {
-        Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(Fault::plugin(&e)),
-        Err(m) => Err(Fault::missed(m, &params.env_name)),
-    }
+/// One step of each episode with its action, in order, each call under the deadline (one
+/// hand-off for them all): an episode comes back with its outcome, or is dropped (on an
+/// error, on the worker) or abandoned (on a timeout).
+fn step_episodes(steps: Vec<(Box<dyn Episode>, String)>, params: &PlayParams) -> Vec<Stepped> {
+    let calls: Vec<_> = steps
+        .into_iter()
+        .map(|(mut episode, action)| {
+            move || episode.step(&action).map(|outcome| (episode, outcome))
+        })
+        .collect();
+    deadline::call_each(params.env_timeout, calls)
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(e)) => Err(Fault::plugin(&e)),
+            Err(m) => Err(Fault::missed(m, &params.env_name)),
+        })
+        .collect()
 }
 
 /// Plays every episode of `specs` to the end (done, or `max_turns`). With a `hook`, the
@@ -389,8 +403,10 @@ pub async fn play_async(
 ) -> Result<Rollouts> {
     let mut out = Rollouts::default();
     let mut live: Vec<Live> = Vec::with_capacity(specs.len());
-    for spec in specs {
-        match start_episode(env, spec, params) {
+    // What the hook sees of the finished turns is kept only for a hook.
+    let keep_summaries = hook.is_some();
+    for (spec, started) in specs.iter().zip(start_episodes(env, specs, params)) {
+        match started {
             Ok((episode, observation)) => {
                 live.push(Live {
                     spec: spec.clone(),
@@ -518,37 +534,52 @@ pub async fn play_async(
                 prompts.len()
             )));
         }
-        let mut still_live = Vec::with_capacity(live.len());
-        for (((l, prompt_ids), generation), overridden) in live
-            .into_iter()
-            .zip(prompts)
-            .zip(generations)
-            .zip(overridden)
-        {
+        // Every episode's action first, then the environment's steps in one hand-off.
+        let mut actions = Vec::with_capacity(live.len());
+        for generation in &generations {
             out.sampled_tokens += generation.ids.len();
-            let action = builder.action(&generation.ids)?;
+            actions.push(builder.action(&generation.ids)?);
+        }
+        let mut played = Vec::with_capacity(live.len());
+        let mut steps = Vec::with_capacity(live.len());
+        for (l, action) in live.into_iter().zip(&actions) {
             let Live {
                 spec,
                 episode,
-                mut observation,
-                mut rows,
-                mut reward,
-                mut summaries,
+                observation,
+                rows,
+                reward,
+                summaries,
             } = l;
-            let (episode, outcome, fault) = match step_episode(episode, &action, params) {
+            steps.push((episode, action.clone()));
+            played.push((spec, observation, rows, reward, summaries));
+        }
+        let stepped = step_episodes(steps, params);
+        let mut still_live = Vec::with_capacity(played.len());
+        for ((((played, stepped), action), prompt_ids), (generation, overridden)) in played
+            .into_iter()
+            .zip(stepped)
+            .zip(actions)
+            .zip(prompts)
+            .zip(generations.into_iter().zip(overridden))
+        {
+            let (spec, mut observation, mut rows, mut reward, mut summaries) = played;
+            let (episode, outcome, fault) = match stepped {
                 Ok((episode, outcome)) => (Some(episode), outcome, None),
                 // The turn was played by the policy: under `zero_reward` it trains too.
                 Err(fault) => (None, StepOutcome::default(), Some(fault)),
             };
             let mut info: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(&outcome.info_json).unwrap_or_default();
-            summaries.push(TurnSummary {
-                observation: observation.text.clone(),
-                action: action.clone(),
-                reward: outcome.reward,
-                feedback: outcome.feedback,
-                tool_calls: outcome.tool_calls,
-            });
+            if keep_summaries {
+                summaries.push(TurnSummary {
+                    observation: observation.text.clone(),
+                    action: action.clone(),
+                    reward: outcome.reward,
+                    feedback: outcome.feedback,
+                    tool_calls: outcome.tool_calls,
+                });
+            }
             info.insert("action".into(), serde_json::Value::String(action));
             let mut extra = serde_json::Map::new();
             if let Some(plugin_extra) = overridden {
@@ -674,6 +705,13 @@ pub struct Demonstration {
     pub response_ids: Vec<u32>,
 }
 
+/// The entry text for a successful trajectory with these actions, by turn:
+/// `solved in {n} turns: {a_0}; {a_1}; …`. The warm start's hinted demonstrations inject it, and the `template`
+/// reflector writes it, so a small policy learns the format of the entries it will be shown.
+pub fn solved_text(actions: &[&str]) -> String {
+    format!("solved in {} turns: {}", actions.len(), actions.join("; "))
+}
+
 /// Plays the environment's expert on `tasks` and returns one example per expert turn, framed
 /// exactly as the policy will see it. Episodes whose expert fails within `max_turns` are
 /// counted in the second return value, and skipped unless `keep_unsolved`.
@@ -681,7 +719,7 @@ pub struct Demonstration {
 /// A `hinted_share` of the solved episodes (spread evenly: episode `k` is hinted when
 /// `⌊(k+1)·share⌋ > ⌊k·share⌋`) is framed with a context variant (label `demo-hint`) whose
 /// injected text is that episode's own solution in the skill creator's template form
-/// ([`crate::skills::template::solved_text`]): the demonstration then teaches how an injected
+/// ([`solved_text`]): the demonstration then teaches how an injected
 /// experience reads, and never the answer of another task.
 pub fn demonstrations(
     env: &dyn Environment,
@@ -722,7 +760,7 @@ pub fn demonstrations(
             let actions: Vec<&str> = turns.iter().map(|(_, a)| a.as_str()).collect();
             ContextVariant {
                 label: "demo-hint".into(),
-                inject: crate::skills::template::solved_text(&actions),
+                inject: solved_text(&actions),
                 ..ContextVariant::default()
             }
         } else {
@@ -1284,7 +1322,7 @@ mod fault_tests {
         let observation = Observation {
             text: format!(
                 "{}plugin `x`: panicked: boom]",
-                cairn_plugin_sdk::foreign::OBSERVATION_ERROR_PREFIX
+                cairn_plugin_sdk::host::foreign::OBSERVATION_ERROR_PREFIX
             ),
             ..Default::default()
         };

@@ -84,16 +84,17 @@ pub struct PlainPrompt<C> {
 
 impl<C: TextCodec> PromptBuilder for PlainPrompt<C> {
     fn prompt(&self, variant: &ContextVariant, observation: &Observation) -> Result<Vec<u32>> {
+        // Most turns encode the observation as it is, without a copy.
         let mut text = match offered_tools(variant, observation) {
-            Some(tools) => format!(
+            Some(tools) => std::borrow::Cow::Owned(format!(
                 "Tools: {}\n{}",
                 serde_json::Value::from(tools),
                 observation.text
-            ),
-            None => observation.text.clone(),
+            )),
+            None => std::borrow::Cow::Borrowed(observation.text.as_str()),
         };
         if !variant.inject.is_empty() {
-            text = format!("{}\n{text}", variant.inject);
+            text = std::borrow::Cow::Owned(format!("{}\n{text}", variant.inject));
         }
         let mut ids = self.codec.encode(&text)?;
         ids.extend_from_slice(&self.separator);

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::config::EndpointConfig;
 use super::{ask, excerpt, Draft, Job, ReflectionFailure, Reflector};
-use crate::config::EndpointConfig;
 use crate::retry::{retryable_status, Attempt};
 use crate::rollout::prompt::TextCodec;
 

@@ -1,7 +1,7 @@
 //! Reflectors: what turns a plugin's [`ReflectionRequest`] and the rows of its trajectories
 //! into the text of a bank entry.
 //!
-//! The skill-creator actor ([`crate::actors::skills`]) queues requests and hands each one, as a
+//! The skill-creator actor (`actors::skills`) queues requests and hands each one, as a
 //! [`Job`], to one [`Reflector`] on a thread of its own, so a slow reflector never holds up an
 //! RL step. Three reflectors, picked by `skills.reflector` (docs/skills.md):
 //!
@@ -15,6 +15,7 @@
 //! `reply_format` ([`format::JsonReply`]) wants a JSON object with given keys instead: an
 //! invalid reply is re-asked up to the format's `retries`, then fails as unparseable.
 
+pub mod config;
 pub mod endpoint;
 pub mod format;
 pub mod policy;
@@ -26,9 +27,11 @@ use std::sync::Arc;
 use actix::Recipient;
 use cairn_plugin_sdk::{ReflectionRequest, TurnRow};
 
-use crate::actors::policy::Generate;
-use crate::config::{ReflectorKind, SkillsConfig};
+use crate::messages::Generate;
 use crate::rollout::prompt::{PromptBuilder, TextCodec};
+pub use config::{
+    EndpointConfig, PolicyReflectorConfig, ReflectorKind, SkillsConfig, MAX_ENDPOINT_RETRIES,
+};
 
 /// One reflection, as the reflector gets it.
 #[derive(Clone, Debug, PartialEq)]

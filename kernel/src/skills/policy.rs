@@ -15,10 +15,10 @@ use std::sync::Arc;
 use actix::Recipient;
 use cairn_plugin_sdk::{ContextVariant, Observation};
 
+use super::config::PolicyReflectorConfig;
 use super::{ask, Draft, Job, ReflectionFailure, Reflector};
-use crate::actors::policy::Generate;
 use crate::backend::SamplingParams;
-use crate::config::PolicyReflectorConfig;
+use crate::messages::Generate;
 use crate::rollout::prompt::{PromptBuilder, TextCodec};
 
 pub struct PolicyReflector {

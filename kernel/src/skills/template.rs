@@ -23,12 +23,7 @@ use serde_json::{json, Map, Value};
 use super::format::{JsonReply, JsonType};
 use super::{feedback_word, Draft, Job, ReflectionFailure, Reflector};
 
-/// The entry text for a successful trajectory with these actions, by turn:
-/// `solved in {n} turns: {a_0}; {a_1}; …`. The warm start's hinted demonstrations inject the
-/// same text, so a small policy learns the format of the entries it will be shown.
-pub fn solved_text(actions: &[&str]) -> String {
-    format!("solved in {} turns: {}", actions.len(), actions.join("; "))
-}
+pub use crate::rollout::solved_text;
 
 /// The words and marks of the texts this reflector writes. A word-level tokenizer trained for
 /// a pipeline that keeps a bank always has them, so an injected entry never encodes as

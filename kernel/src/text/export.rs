@@ -48,13 +48,13 @@ pub fn export_tokenizer(src: &Path, dst: &Path) -> Result<Vec<&'static str>> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(Error::io(&from, e)),
         };
-        crate::run::write_atomic(&dst.join(name), &bytes)?;
+        crate::files::write_atomic(&dst.join(name), &bytes)?;
         written.push(name);
     }
     if !written.contains(&GENERATION_CONFIG_FILE) {
         let text = serde_json::to_string_pretty(&tokenizer.generation_config())
             .expect("a serde_json::Value always serialises");
-        crate::run::write_atomic(&dst.join(GENERATION_CONFIG_FILE), (text + "\n").as_bytes())?;
+        crate::files::write_atomic(&dst.join(GENERATION_CONFIG_FILE), (text + "\n").as_bytes())?;
         written.push(GENERATION_CONFIG_FILE);
     }
     Ok(written)

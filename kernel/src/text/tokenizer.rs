@@ -19,6 +19,10 @@ use tokenizers::AddedToken;
 use super::template::ChatTemplate;
 use crate::error::{Error, Result};
 
+mod word_level;
+
+use word_level::WordLevelEncoder;
+
 /// The named special tokens transformers passes to chat templates (`SPECIAL_TOKENS_ATTRIBUTES`).
 const SPECIAL_TOKEN_KEYS: [&str; 7] = [
     "bos_token",
@@ -43,6 +47,9 @@ pub struct Tokenizer {
     vocab_size: usize,
     /// [`Tokenizer::max_token_bytes`], worked out from the same vocabulary map.
     max_token_bytes: Option<usize>,
+    /// The scan that encodes a trained word-level tokenizer's plain text without the
+    /// `tokenizers` pipeline (`None`: another kind of tokenizer).
+    word_level: Option<Arc<WordLevelEncoder>>,
 }
 
 impl Tokenizer {
@@ -122,7 +129,9 @@ impl Tokenizer {
         // `get_vocab_size(true)` is the length of this map (it builds it too).
         let vocab = inner.get_vocab(true);
         let max_token_bytes = max_token_bytes(&inner, &vocab);
+        let word_level = WordLevelEncoder::of(&inner).map(Arc::new);
         let mut tokenizer = Tokenizer {
+            word_level,
             inner: Arc::new(inner),
             config,
             eos_ids: Vec::new(),
@@ -160,8 +169,13 @@ impl Tokenizer {
         Ok(tokenizer)
     }
 
-    /// Ids of `text`; added tokens in the text map to their ids, no BOS/EOS is added.
+    /// Ids of `text`; added tokens in the text map to their ids, no BOS/EOS is added. No
+    /// offsets are computed; a trained word-level tokenizer's plain ASCII text is scanned
+    /// without the `tokenizers` pipeline, to the same ids ([`word_level`]).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        if let Some(ids) = self.word_level.as_ref().and_then(|w| w.encode(text)) {
+            return Ok(ids);
+        }
         let encoding = self
             .inner
             .encode_fast(text, false)

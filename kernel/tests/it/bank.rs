@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_kernel::bank::{bank_path, snapshot_path, Bank, EntryFilter};
 use cairn_plugin_sdk::bank::{BankEntry, NewEntry, Provenance, StatsUpdate};
+use cairn_stores::bank::{bank_path, snapshot_path, Bank, EntryFilter};
 
 /// Set in the child's environment: the run directory it writes.
 const CHILD_RUN: &str = "CAIRN_BANK_KILL_CHILD_RUN";

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use cairn_kernel::actors::policy::PolicyActor;
-use cairn_kernel::backend::NullBackend;
-use cairn_kernel::gateway::{
+use cairn_gateway::{
     ApiError, EpisodeSettings, EpisodeStore, Gateway, MissingReward, RequestSettings, Route,
     RowMode, Sampler,
 };
+use cairn_kernel::actors::policy::PolicyActor;
+use cairn_kernel::backend::NullBackend;
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -504,7 +504,7 @@ fn an_oversized_prompt_is_refused_by_its_bytes_before_encoding() {
 /// length limit, and the refusal names the field without echoing it.
 #[test]
 fn long_string_fields_are_refused_by_name() {
-    use cairn_kernel::gateway::request::MAX_FIELD_BYTES;
+    use cairn_gateway::request::MAX_FIELD_BYTES;
     let format = format();
     let settings = limited(4096);
     let long = "x".repeat(MAX_FIELD_BYTES + 1);

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use cairn_kernel::plugins::PluginRegistry;
-use cairn_plugin_sdk::ffi::PluginKind;
+use cairn_plugin_sdk::host::foreign::PluginKind;
 use cairn_plugin_sdk::{
     Algorithm, Batch, Environment, ErrorKind, GroupRequest, OfflineHost, Split, TaskRef, TurnRow,
 };

@@ -21,7 +21,7 @@ const TASK: TaskRef = TaskRef {
 
 fn toolcalc() -> (
     tempfile::TempDir,
-    cairn_plugin_sdk::foreign::ForeignEnvironment,
+    cairn_plugin_sdk::host::foreign::ForeignEnvironment,
 ) {
     let dir = plugin_dir(&["cairn_toolcalc"]);
     let registry = PluginRegistry::scan(&[dir.path().to_path_buf()]).expect("scan");

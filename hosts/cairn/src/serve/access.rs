@@ -41,7 +41,7 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{HttpMessage, HttpResponse};
 use anyhow::{Context, Result};
 use base64::Engine as _;
-use cairn_kernel::gateway::{ApiError, ApiErrorKind, GatewayConfig};
+use cairn_gateway::{ApiError, ApiErrorKind, GatewayConfig};
 use futures::StreamExt;
 use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};

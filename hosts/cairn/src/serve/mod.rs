@@ -26,14 +26,14 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{Context, Result};
+use cairn_gateway::{
+    EpisodeSource, EpisodeStore, Gateway, GatewayConfig, GatewayLink, RequestSettings, Sampler,
+    StopCollecting, StopSampling, WeightLoader,
+};
 use cairn_kernel::actors::policy::{GenerateStream, LoadWeights, PolicyActor};
 use cairn_kernel::actors::threads::SyncThreads;
 use cairn_kernel::backend::PolicyBackend;
 use cairn_kernel::config::PipelineConfig;
-use cairn_kernel::gateway::{
-    EpisodeSource, EpisodeStore, Gateway, GatewayConfig, GatewayLink, RequestSettings, Sampler,
-    StopCollecting, StopSampling, WeightLoader,
-};
 use cairn_kernel::text::{ChatFormat, Tokenizer};
 use futures::future::{self, Either};
 use parking_lot::Mutex;
@@ -245,7 +245,7 @@ pub fn serve(
     weight_roots: Vec<PathBuf>,
     keys: access::KeyFlags,
 ) -> Result<()> {
-    let mut config = PipelineConfig::load(config_path)?;
+    let mut config = cairn_gateway::load_config(config_path)?;
     let model_given = model.is_some();
     if let Some(dir) = model {
         if !dir.join("config.json").is_file() {
@@ -259,7 +259,8 @@ pub fn serve(
     }
     let record = record.map(|r| r.open(&config.run.dir)).transpose()?;
     let policy_dir = checkpoint.map(setup::checkpoint_policy).transpose()?;
-    let mut gateway_config = config.episode_source.gateway().cloned().unwrap_or_default();
+    let mut gateway_config =
+        cairn_gateway::GatewayConfig::from_pipeline(&config)?.unwrap_or_default();
     gateway_config.weight_roots.extend(weight_roots);
     let roots = resolve_weight_roots(
         &gateway_config,
@@ -270,7 +271,7 @@ pub fn serve(
         None => {
             std::fs::create_dir_all(&config.run.dir)
                 .with_context(|| format!("creating {}", config.run.dir.display()))?;
-            let env = cairn_kernel::gateway::HarnessEnvironment::new(&gateway_config);
+            let env = cairn_gateway::HarnessEnvironment::new(&gateway_config);
             setup::tokenizer(&config, &config.run.dir, &env, false)?
         }
     };

@@ -1,4 +1,4 @@
-//! The gateway's HTTP routes (actix-web), thin over [`cairn_kernel::gateway::Gateway`].
+//! The gateway's HTTP routes (actix-web), thin over [`cairn_gateway::Gateway`].
 //!
 //! | route | key | what |
 //! |---|---|---|
@@ -28,7 +28,7 @@ use std::convert::Infallible;
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
-use cairn_kernel::gateway::{ApiError, ApiErrorKind, Gateway, Route, WeightLoader};
+use cairn_gateway::{ApiError, ApiErrorKind, Gateway, Route, WeightLoader};
 use futures::StreamExt;
 
 use super::access::BODY_LIMIT;

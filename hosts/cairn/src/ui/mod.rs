@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use actix_web::web;
 use anyhow::{Context, Result};
-use cairn_kernel::gateway::Gateway;
+use cairn_gateway::Gateway;
 
 use crate::serve::access;
 

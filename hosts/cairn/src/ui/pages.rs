@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Instant;
 
 use actix_web::{web, HttpResponse};
-use cairn_kernel::bank::{bank_path, Bank, EntryFilter};
+use cairn_stores::bank::{bank_path, Bank, EntryFilter};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 

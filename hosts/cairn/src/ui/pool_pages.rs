@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use actix_web::{web, HttpResponse};
-use cairn_kernel::pool::{EpisodeSummary, Filter, PoolReader, TurnRecord};
 use cairn_kernel::text::Tokenizer;
+use cairn_stores::pool::{EpisodeSummary, Filter, PoolReader, TurnRecord};
 use serde::Deserialize;
 use serde_json::Value as Json;
 

@@ -1,8 +1,8 @@
 //! `cairn bank list|show|export` on a bank written through the kernel's `Bank`, and the errors
 //! for a directory without one and for an unknown entry.
 
-use cairn_kernel::bank::{bank_path, Bank};
 use cairn_plugin_sdk::bank::{BankEntry, EntryKind, NewEntry, Provenance, StatsUpdate};
+use cairn_stores::bank::{bank_path, Bank};
 
 use crate::{cairn, stderr, stdout};
 

@@ -4,11 +4,11 @@
 //! `signals` stops the run after a checkpoint of the last good step, and a resume after the fix
 //! continues from there.
 //!
-//! The environment is `faulty-env` (plugins/faulty-env), the algorithm `faulty`
-//! (plugins/faulty). Hangs last 30 s against deadlines of 2 s, and the runs have no backtraces
-//! (`RUST_BACKTRACE=0`: resolving one for an injected panic can take longer than a deadline
-//! on a loaded machine): the tests only assert that the run finished and what it reports,
-//! never how long it took.
+//! The environment is `faulty-env` (plugins/tests/faulty-env), the algorithm `faulty`
+//! (plugins/tests/faulty). Hangs last 30 s against deadlines of 2 s, and the runs have no
+//! backtraces (`RUST_BACKTRACE=0`: resolving one for an injected panic can take longer than a
+//! deadline on a loaded machine): the tests only assert that the run finished and what it
+//! reports, never how long it took.
 
 use std::path::Path;
 
@@ -172,10 +172,10 @@ fn an_environment_panic_error_or_hang_drops_its_group_and_training_goes_on() {
 }
 
 /// The rollout episodes the data pool holds for RL step `step` (0-based), one per trajectory.
-fn pool_step(dir: &Path, step: u64) -> Vec<cairn_kernel::pool::EpisodeSummary> {
-    let pool = cairn_kernel::pool::PoolReader::open_run(&dir.join("run")).unwrap();
+fn pool_step(dir: &Path, step: u64) -> Vec<cairn_stores::pool::EpisodeSummary> {
+    let pool = cairn_stores::pool::PoolReader::open_run(&dir.join("run")).unwrap();
     let episodes = pool
-        .episodes(&cairn_kernel::pool::Filter {
+        .episodes(&cairn_stores::pool::Filter {
             source: Some("rollout".into()),
             step_min: Some(step),
             step_max: Some(step),

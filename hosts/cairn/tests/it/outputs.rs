@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use cairn_kernel::bank::{bank_path, Bank};
-use cairn_kernel::pool::{pool_path, Pool};
+use cairn_stores::bank::{bank_path, Bank};
+use cairn_stores::pool::{pool_path, Pool};
 
 use crate::{cairn, stderr, tiny_config, write_config};
 

@@ -217,7 +217,7 @@ fn a_scaffold_plugin_stacked_on_grpo_plans_hints_turn_by_turn_and_distills_them(
         // The data pool's decisions of the step name the distilled rows (trajectory, turn):
         // as many as the plugin reported, each a row of that step with its tokens weighted.
         let step = m["rl_step"].as_u64().unwrap() - 1;
-        let pool = cairn_kernel::pool::PoolReader::open_run(&run).unwrap();
+        let pool = cairn_stores::pool::PoolReader::open_run(&run).unwrap();
         let (_, decisions) = pool.step_record(step).unwrap().unwrap();
         let terms = decisions["teacher_terms"].as_array().unwrap();
         assert_eq!(terms.len(), 1, "{decisions}");

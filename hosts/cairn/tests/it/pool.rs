@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use cairn_kernel::pool::{Filter, PoolReader};
+use cairn_stores::pool::{Filter, PoolReader};
 
 /// Every turn row of the run's pool (as the batch JSON form writes a row), with
 /// `"<source> step <step>"` naming its episode's source and step; `source` narrows as
@@ -95,7 +95,7 @@ fn the_pool_records_every_step_and_the_cli_queries_inspects_exports_and_excludes
         let turns = pool.turns(e.id).unwrap();
         assert_eq!(turns.len() as u32, e.turns, "{e:?}");
         for t in &turns {
-            if cairn_kernel::pool::Source::is_training(&e.source) {
+            if cairn_stores::pool::Source::is_training(&e.source) {
                 let adv = t.advantages.as_ref().expect("advantages on a trained row");
                 assert_eq!(adv.len(), t.row.response_ids.len());
                 assert!(t.row.old_logprobs.len() == t.row.response_ids.len());

@@ -15,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cairn_kernel::pool::{Filter, PoolReader};
 use cairn_kernel::text::Tokenizer;
+use cairn_stores::pool::{Filter, PoolReader};
 use serde_json::{json, Map, Value};
 
 use crate::{cairn, jsonl, stderr, tiny_config, write_config};

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use cairn_kernel::objective::tools::{parse_batch, run_loss, run_signals, LossToolInput};
 use cairn_kernel::objective::ObjectiveConfig;
 use cairn_kernel::plugins::PluginRegistry;
-use cairn_plugin_sdk::ffi::PluginKind;
+use cairn_plugin_sdk::host::foreign::PluginKind;
 use proptest::prelude::*;
 use serde_json::{json, Value as Json};
 

@@ -1,8 +1,8 @@
-//! Pipeline configs: the examples, mutated, through `PipelineConfig::parse` (the parse and
-//! validation `cairn train` and `cairn check` run first). An error must name a key the
-//! mutation touched.
+//! Pipeline configs: the examples, mutated, through `cairn_gateway::parse_config` (the
+//! kernel's parse and validation plus the gateway's and the engine's sections: what
+//! `cairn train` and `cairn check` run first). An error must name a key the mutation touched.
 
-use cairn_kernel::config::PipelineConfig;
+use cairn_gateway::parse_config;
 use proptest::prelude::*;
 use serde_json::Value as Json;
 
@@ -61,7 +61,7 @@ fn every_example_parses_after_a_round_trip() {
     // The mutations start from these documents, re-emitted by the TOML serializer.
     for (name, text) in EXAMPLES {
         let emitted = toml::to_string(&as_json(text)).expect("emit");
-        if let Err(e) = PipelineConfig::parse(&emitted, name) {
+        if let Err(e) = parse_config(&emitted, name) {
             panic!("{name} does not parse after a round trip: {e}\n{emitted}");
         }
     }
@@ -91,7 +91,7 @@ fn mutated_configs_fail_naming_the_key() {
         let parsed = {
             let emitted = emitted.clone();
             bounded(name, CASE_LIMIT, move || {
-                PipelineConfig::parse(&emitted, "fuzz.toml").map_err(|e| e.to_string())
+                parse_config(&emitted, "fuzz.toml").map_err(|e| e.to_string())
             })
         };
         match parsed {

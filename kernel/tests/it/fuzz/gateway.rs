@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cairn_kernel::gateway::{ApiError, Job, RequestSettings};
+use cairn_gateway::{ApiError, Job, RequestSettings};
 use cairn_kernel::text::ChatFormat;
 use proptest::prelude::*;
 use serde_json::{json, Value as Json};

@@ -3,7 +3,7 @@
 //! episode store merges a call into the previous [`Segment`] only when its prompt ids start
 //! with the segment's ids (Agent Lightning's trajectory mode). Exact Qwen3 ids throughout.
 
-use cairn_kernel::gateway::{SampledChoice, Segment};
+use cairn_gateway::{SampledChoice, Segment};
 use cairn_kernel::text::ChatFormat;
 use cairn_plugin_sdk::FinishReason;
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! Word-level tokenizers trained on household text: round trips, determinism, reload, and a
 //! multi-call episode merged by ids with the trained tokenizer.
 
-use cairn_kernel::gateway::{SampledChoice, Segment};
+use cairn_gateway::{SampledChoice, Segment};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_plugin_sdk::FinishReason;
 

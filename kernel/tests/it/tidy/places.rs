@@ -76,6 +76,11 @@ const ACTOR_STARTS: &[(&str, &str)] = &[
         "the skill creator starts its reflector's own `SyncArbiter` thread",
     ),
     (
+        "kernel/gateway/src/engine/mod.rs",
+        "`EngineActor::starter`: the closure `start` calls to start the engine's actor beside \
+         the policy actor (the kernel cannot name the engine's type)",
+    ),
+    (
         "hosts/cairn/src/serve/mod.rs",
         "`cairn serve`: the policy and the gateway's sampler and episode store, and the HTTP \
          server",
@@ -107,7 +112,7 @@ const HTTP_CRATES: &[&str] = &[
 /// Files (or folders, ending in `/`) that may use an HTTP crate: (place, why).
 const HTTP_USERS: &[(&str, &str)] = &[
     (
-        "kernel/src/engine/client.rs",
+        "kernel/gateway/src/engine/client.rs",
         "the external rollout engine's client (ureq)",
     ),
     (

@@ -1,22 +1,13 @@
 //! The built `cdylib`, loaded as the kernel loads it.
 
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{ContextVariant, Environment};
 
 use super::{env, test};
 
-/// Cargo writes the `cdylib` of this test run to `target/<profile>/deps/`, beside this test
-/// binary.
 #[test]
 fn the_cdylib_loads_and_plays() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_arith{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_arith");
     assert_eq!(plugin.info.name, "arith");
     let err = plugin
         .create_environment(r#"{"ops": ["%"]}"#)

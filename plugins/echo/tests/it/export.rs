@@ -3,8 +3,8 @@
 //! itself with the SDK's header, and the header refuses to choose among them; the `cdylib`
 //! cargo built for this run links `echo` alone, and the host's loader finds it.
 
-use cairn_plugin_sdk::ffi::CairnPluginRef;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::ffi::CairnPluginRef;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 
 #[test]
 fn a_binary_linking_three_plugin_crates_has_a_header_that_refuses_to_pick_one() {
@@ -21,17 +21,9 @@ fn a_binary_linking_three_plugin_crates_has_a_header_that_refuses_to_pick_one() 
     assert!(err.to_string().contains("links 3 plugin crates"), "{err}");
 }
 
-/// Loads the `cdylib` cargo built for this test run, as the kernel would. Cargo writes it to
-/// `target/<profile>/deps/`, beside this test binary.
+/// Loads the `cdylib` cargo built for this test run, as the kernel would.
 #[test]
 fn the_cdylib_registers_echo_alone_and_loads() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_echo{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_echo");
     assert_eq!(plugin.info.name, "echo");
 }

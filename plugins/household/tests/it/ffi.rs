@@ -2,8 +2,8 @@
 
 use cairn_household::Household;
 use cairn_plugin_sdk::export::{create_environment, RStr};
-use cairn_plugin_sdk::ffi::FfiContextVariant;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::ffi::FfiContextVariant;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{
     ContextVariant, Environment, EnvironmentInfo, ErrorKind, Observation, Split, StepOutcome,
 };
@@ -75,19 +75,10 @@ fn a_bad_config_is_an_error_through_the_adapter() {
     );
 }
 
-/// Loads the `cdylib` cargo built for this test run, as the kernel would. Cargo writes it to
-/// `target/<profile>/deps/`, beside this test binary (the copy one level up is refreshed only
-/// by `cargo build`).
+/// Loads the `cdylib` cargo built for this test run, as the kernel would.
 #[test]
 fn the_cdylib_loads_and_plays() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_household{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_household");
     assert_eq!(plugin.info.name, "household");
 
     let err = plugin

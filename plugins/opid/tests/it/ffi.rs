@@ -2,8 +2,8 @@
 //! reply format, answers, and `advantage_add` cross the boundary unchanged.
 
 use cairn_opid::Opid;
-use cairn_plugin_sdk::ffi::PluginKind;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::foreign::PluginKind;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{Algorithm, Batch, EntryKind, Role, StepReport, TurnRow};
 use serde_json::json;
 
@@ -52,18 +52,9 @@ fn play(opid: &mut dyn Algorithm, host: &MockHost) -> Vec<Vec<f32>> {
     opid.signals(&batch, host).unwrap().advantage_add
 }
 
-/// Cargo writes the `cdylib` of this test run to `target/<profile>/deps/`, beside this test
-/// binary.
 #[test]
 fn the_cdylib_loads_and_gives_the_rlibs_teacher_advantages() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_opid{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_opid");
     assert_eq!(plugin.info.name, "opid");
     assert_eq!(plugin.info.kind, PluginKind::Algorithm);
     let err = plugin

@@ -1,23 +1,14 @@
 //! The built `cdylib` through the loader, as the kernel opens it.
 
-use cairn_plugin_sdk::ffi::PluginKind;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::foreign::PluginKind;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{Algorithm, EntryStatus, GroupRequest, Role};
 
 use super::{lab_host, play, Lab, Play};
 
-/// Cargo writes the `cdylib` of this test run to `target/<profile>/deps/`, beside this test
-/// binary (the copy one level up is refreshed only by `cargo build`).
 #[test]
 fn the_cdylib_loads_plans_and_observes() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_pats{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_pats");
     assert_eq!(plugin.info.name, "pats");
     assert_eq!(plugin.info.kind, PluginKind::Algorithm);
 

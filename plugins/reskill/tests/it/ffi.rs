@@ -1,7 +1,7 @@
 //! The built `cdylib` through the loader, as the kernel opens it.
 
-use cairn_plugin_sdk::ffi::PluginKind;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::foreign::PluginKind;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{Algorithm, EntryKind, Role};
 use cairn_reskill::Reskill;
 
@@ -10,18 +10,9 @@ use crate::lab::{lab_host, run};
 const CONFIG: &str =
     r#"{"test_steps": 3, "min_episodes": 8, "min_reservoir": 8, "reservoir_size": 40}"#;
 
-/// Cargo writes the `cdylib` of this test run to `target/<profile>/deps/`, beside this test
-/// binary.
 #[test]
 fn the_cdylib_loads_and_runs_the_same_steps_as_the_rlib() {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!(
-        "{}cairn_reskill{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe.with_file_name(file);
-    let plugin = load_plugin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let plugin = load_test_cdylib("cairn_reskill");
     assert_eq!(plugin.info.name, "reskill");
     assert_eq!(plugin.info.kind, PluginKind::Algorithm);
     let err = plugin

@@ -4,30 +4,16 @@
 //! (bank, prompt renderer, scorer).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use cairn_opsd::testing::{mock_host, row, skill, Teacher};
-use cairn_plugin_sdk::ffi::PluginKind;
-use cairn_plugin_sdk::foreign::load_plugin;
+use cairn_plugin_sdk::host::foreign::PluginKind;
+use cairn_plugin_sdk::testing::load_test_cdylib;
 use cairn_plugin_sdk::{Algorithm, Batch, StepReport};
 use cairn_sdar::Sdar;
 
-/// `libcairn_sdar.so` of this build.
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    [
-        deps.join("libcairn_sdar.so"),
-        deps.join("../libcairn_sdar.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("libcairn_sdar.so is built with the tests")
-}
-
 #[test]
 fn the_plugin_runs_through_the_abi_as_the_rlib_does() {
-    let plugin = load_plugin(&library()).unwrap();
+    let plugin = load_test_cdylib("cairn_sdar");
     assert_eq!(plugin.info.name, "sdar");
     assert_eq!(plugin.info.kind, PluginKind::Algorithm);
     let e = plugin.create_algorithm(r#"{"beta": 0}"#).err().unwrap();
