@@ -174,7 +174,6 @@ mod with_torch {
 
     use anyhow::{bail, Context, Result};
     use cairn_kernel::actors::optimizer::OptimizerSettings;
-    use cairn_kernel::actors::threads::SyncThreads;
     use cairn_kernel::actors::{self, rollout::Evaluate, rollout::RolloutSettings, PipelineParts};
     use cairn_kernel::backend::{PolicyBackend, Sequence, Weights};
     use cairn_kernel::config::PipelineConfig;
@@ -184,6 +183,7 @@ mod with_torch {
     use parking_lot::Mutex;
 
     use super::read;
+    use crate::lifecycle::{exit_now, on_actor_system, Signals};
     use crate::output::{Existing, Output};
     use crate::progress::Progress;
     use crate::DEFAULT_CONFIG;
@@ -345,7 +345,7 @@ mod with_torch {
             // stops with an error saying how to resume; a second signal exits at once with
             // `_exit` (libtorch's threads may be computing: nothing may run its static
             // destructors), and an unfinished checkpoint is never taken for a good one.
-            let mut signals = crate::serve::Signals::new();
+            let mut signals = Signals::new();
             actix::spawn(async move {
                 let signal = signals.next().await;
                 eprintln!(
@@ -358,7 +358,7 @@ mod with_torch {
                     "{again} again: stopping now; the step in flight is lost, and the same \
                      command resumes the run from its last checkpoint"
                 );
-                crate::serve::exit_now(130);
+                exit_now(130);
             });
             let mut pipeline = actors::start(parts);
             let threads = pipeline.threads.clone();
@@ -422,40 +422,6 @@ mod with_torch {
         println!("plot:    {}", plot.display());
         println!("time:    {:.1} s", started.elapsed().as_secs_f64());
         Ok(())
-    }
-
-    /// How long a finished command waits for its actor threads (the policy actor finishes the
-    /// backend call it is in first).
-    const THREAD_EXIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-    /// Runs `work` on a fresh actix system, then stops and drops the system (every actor goes
-    /// with it; the `SyncArbiter` threads see their queues close) and waits until the threads
-    /// `work` hands back have dropped their actors. Returning from `main` earlier would run
-    /// libtorch's static destructors under a policy thread that may still generate, and its
-    /// next tch call panics (`Invalid (backend, op) pair`).
-    pub(crate) fn on_actor_system<T>(
-        work: impl std::future::Future<Output = (SyncThreads, Result<T>)>,
-    ) -> Result<T> {
-        let (threads, result) = actix::System::new().block_on(async {
-            let out = work.await;
-            actix::System::current().stop();
-            out
-        });
-        // The system runner is dropped here, so its actors are.
-        if let Err(running) = threads.wait(THREAD_EXIT_TIMEOUT) {
-            let e = anyhow::anyhow!(
-                "{running} actor thread(s) were still busy {} s after the actors stopped (the \
-                 policy actor's holds libtorch, so exiting now could crash it); rerun with \
-                 CAIRN_LOG=debug to see which backend call did not return",
-                THREAD_EXIT_TIMEOUT.as_secs()
-            );
-            match &result {
-                // The command's own error says more; this one is logged.
-                Err(_) => tracing::error!("{e:#}"),
-                Ok(_) => return Err(e),
-            }
-        }
-        result
     }
 
     /// The run directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`).

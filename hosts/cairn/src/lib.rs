@@ -5,4 +5,6 @@
 #[cfg(feature = "torch")]
 pub mod memory;
 #[cfg(feature = "torch")]
+pub mod scratch;
+#[cfg(feature = "torch")]
 pub mod setup;

@@ -7,6 +7,8 @@
 //! Subcommands: `train`, `eval`, `plugins list`, `signals`, `loss`, `plot`, `bank`, `config`,
 //! `import gguf`, and with the `torch` feature `logprobs`, `serve` and `ui`.
 
+#[cfg(feature = "torch")]
+mod access;
 mod bank_cmd;
 #[cfg(feature = "torch")]
 mod check;
@@ -15,6 +17,8 @@ mod commands;
 mod engine;
 mod import;
 mod jsonl;
+#[cfg(feature = "torch")]
+mod lifecycle;
 mod output;
 mod plot;
 mod pool_cmd;
@@ -363,7 +367,7 @@ fn main() -> ExitCode {
             record.map(|path| serve::Record { path, append }),
             ui,
             weight_roots,
-            serve::access::KeyFlags {
+            access::KeyFlags {
                 api_key_env,
                 control_key_env,
             },
@@ -378,8 +382,8 @@ fn main() -> ExitCode {
             allow_hosts,
         } => {
             let key = match (key_env, key_file) {
-                (Some(name), _) => Some(serve::access::KeySource::Env(name)),
-                (None, Some(path)) => Some(serve::access::KeySource::File(path)),
+                (Some(name), _) => Some(access::KeySource::Env(name)),
+                (None, Some(path)) => Some(access::KeySource::File(path)),
                 (None, None) => None,
             };
             ui::serve_dashboard(&run_dir, &host, port, key, &allow_hosts)

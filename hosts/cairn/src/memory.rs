@@ -34,16 +34,7 @@ pub fn model_config(config: &PipelineConfig) -> Result<ModelConfig> {
         (Some(dir), _) => ModelConfig::from_file(&dir.join("config.json"))
             .map_err(|e| config.error("model.path", e).into()),
         (None, Some(s)) => {
-            let mut mc = ModelConfig::qwen3(
-                scratch_vocab(s.tokenizer.as_deref()),
-                s.hidden_size,
-                s.intermediate_size,
-                s.num_hidden_layers,
-                s.num_attention_heads,
-                s.num_key_value_heads,
-            );
-            mc.tie_word_embeddings = s.tie_word_embeddings;
-            mc.max_position_embeddings = crate::setup::SCRATCH_CONTEXT;
+            let mc = crate::scratch::model_config(s, scratch_vocab(s.tokenizer.as_deref()));
             if let Err(cairn_torch::Error::Config { key, reason, .. }) =
                 mc.validate(Path::new("model.scratch"))
             {

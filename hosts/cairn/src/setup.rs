@@ -15,7 +15,7 @@ use cairn_kernel::stack::{Member, Stack};
 use cairn_kernel::text::{train_word_level, ChatFormat, Tokenizer, WordLevelConfig};
 use cairn_plugin_sdk::host::foreign::ForeignAlgorithm;
 use cairn_plugin_sdk::{Environment, ErrorKind, PluginError, Requirements};
-use cairn_torch::{BackendConfig, DeviceOption, ModelConfig, ModelSource, TorchBackend};
+use cairn_torch::{BackendConfig, DeviceOption, ModelSource, TorchBackend};
 
 /// The `policy/` directory of a checkpoint (`<run>/checkpoints/step-NNNNNN`), checked to
 /// exist before anything is built.
@@ -344,21 +344,9 @@ pub fn prompt_builder(
 pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<BackendConfig> {
     let model = match (&config.model.path, &config.model.scratch) {
         (Some(dir), _) => ModelSource::Pretrained { dir: dir.clone() },
-        (None, Some(s)) => {
-            let mut mc = ModelConfig::qwen3(
-                vocab_size,
-                s.hidden_size,
-                s.intermediate_size,
-                s.num_hidden_layers,
-                s.num_attention_heads,
-                s.num_key_value_heads,
-            );
-            mc.tie_word_embeddings = s.tie_word_embeddings;
-            mc.max_position_embeddings = SCRATCH_CONTEXT;
-            ModelSource::Random {
-                config: Box::new(mc),
-            }
-        }
+        (None, Some(s)) => ModelSource::Random {
+            config: Box::new(crate::scratch::model_config(s, vocab_size)),
+        },
         (None, None) => unreachable!("config validation requires model.path or model.scratch"),
     };
     let (device, dtype) = device_and_dtype(config)?;
@@ -381,8 +369,7 @@ pub fn backend_config(config: &PipelineConfig, vocab_size: usize) -> Result<Back
     })
 }
 
-/// Positions a scratch model takes (its context window).
-pub const SCRATCH_CONTEXT: usize = 1024;
+pub use crate::scratch::SCRATCH_CONTEXT;
 
 /// The context window of the pipeline's model: `max_position_embeddings` of the model
 /// directory's `config.json`, or [`SCRATCH_CONTEXT`].

@@ -5,6 +5,9 @@
 //! here (verl-agent trains with `use_kl_loss = true`, `kl_loss_coef = 0.01`, `low_var_kl`; set
 //! `kl_coef = 0.01` to match it). Every key is checked by [`ObjectiveConfig::validate`], whose
 //! errors name the key and say what to do.
+//!
+//! Also the JSON reader the objective's inputs share (`from_json_at`: errors name the input and
+//! the place of the bad value).
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -182,7 +185,7 @@ impl ObjectiveConfig {
     /// Parses a JSON object and validates it.
     pub fn from_json(text: &str) -> Result<Self> {
         // Errors name the key (`kl_coef: invalid type: ...`), as `--set KEY=VALUE` wrote it.
-        let config: ObjectiveConfig = super::tools::from_json_at(text, "objective config")?;
+        let config: ObjectiveConfig = from_json_at(text, "objective config")?;
         config.validate()?;
         Ok(config)
     }
@@ -385,6 +388,27 @@ fn dual_clip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
             "dual_clip: `true` is not a constant; give the cap as a number > 1 (e.g. 3.0), or false to disable",
         )),
     }
+}
+
+/// `serde_json` with the path of the failing value in the message (serde_json alone gives
+/// only a line and column for a value of the wrong type); `source` names the input.
+pub(crate) fn from_json_at<T: serde::de::DeserializeOwned>(text: &str, source: &str) -> Result<T> {
+    let error = |message: String| Error::Config {
+        file: source.into(),
+        message,
+    };
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let path = e.path().to_string();
+        error(if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        })
+    })?;
+    // Trailing characters after the document are an error too, as in serde_json::from_str.
+    de.end().map_err(|e| error(e.to_string()))?;
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use cairn_plugin_sdk::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::config::ObjectiveConfig;
+use super::config::{from_json_at, ObjectiveConfig};
 use super::input::{all_rows, trained_rows};
 use super::metrics::batch_metrics;
 use super::rl_loss::{LossReport, RlLoss};
@@ -150,27 +150,6 @@ pub fn parse_batch(text: &str, source: &str) -> Result<Batch> {
         },
         other => other,
     })
-}
-
-/// `serde_json` with the path of the failing value in the message (serde_json alone gives
-/// only a line and column for a value of the wrong type); `source` names the input.
-pub(crate) fn from_json_at<T: serde::de::DeserializeOwned>(text: &str, source: &str) -> Result<T> {
-    let error = |message: String| Error::Config {
-        file: source.into(),
-        message,
-    };
-    let de = &mut serde_json::Deserializer::from_str(text);
-    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-        let path = e.path().to_string();
-        error(if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        })
-    })?;
-    // Trailing characters after the document are an error too, as in serde_json::from_str.
-    de.end().map_err(|e| error(e.to_string()))?;
-    Ok(value)
 }
 
 /// What [`run_loss`] returns (`cairn loss` prints it as JSON).

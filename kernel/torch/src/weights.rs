@@ -1,6 +1,8 @@
 //! Hugging Face safetensors weights: locating tensors, checking them, copying them in, and
 //! writing them out.
 //!
+//! [`CausalLm::from_pretrained`] is defined here: the model knows nothing of files.
+//!
 //! Loading is two-phase so that a bad file changes nothing: [`Catalog`] reads only the
 //! headers (single `model.safetensors`, or `model.safetensors.index.json` plus shards) and
 //! [`Catalog::plan`] checks every wanted tensor's presence, shape and dtype, reporting *all*
@@ -21,7 +23,7 @@ use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeMismatch};
-use crate::model::CausalLm;
+use crate::model::{CausalLm, Dtype, ModelConfig};
 
 /// Name of the single-file weights of a HF model directory.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -269,12 +271,25 @@ impl LoadPlan {
     }
 }
 
+impl CausalLm {
+    /// Loads `config.json` and the safetensors weights (single file or sharded) from `dir`.
+    /// Every parameter must be present with its exact shape; see the module docs. A `tokenizer.json` in
+    /// `dir` must fit the embedding ([`check_tokenizer_fits`]), checked before anything is allocated.
+    pub fn from_pretrained(dir: &Path, device: Device, dtype: Dtype) -> Result<CausalLm> {
+        let config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
+        check_tokenizer_fits(dir, &config)?;
+        let model = CausalLm::uninitialized(&config, device, dtype)?;
+        load_model_dir(&model, dir)?;
+        Ok(model)
+    }
+}
+
 /// Errors ([`Error::TokenizerExceedsEmbedding`]) when `dir` holds a `tokenizer.json` with an
 /// id (added tokens included, also those of `tokenizer_config.json`) that has no row in the embedding of `config` (`vocab_size`):
 /// such a model would index past its embedding on the first prompt. A directory without a
 /// `tokenizer.json` (a checkpoint's `policy/`) passes; an unreadable one is an error naming
 /// the file. A tokenizer with fewer ids than rows is normal (Qwen3: 151,669 ids, 151,936 rows).
-pub fn check_tokenizer_fits(dir: &Path, config: &crate::model::ModelConfig) -> Result<()> {
+pub fn check_tokenizer_fits(dir: &Path, config: &ModelConfig) -> Result<()> {
     let path = dir.join("tokenizer.json");
     if !path.is_file() {
         return Ok(());

@@ -16,7 +16,6 @@
 //! deadline, the connections of one client. A server off loopback without a key is refused at
 //! start.
 
-pub(crate) mod access;
 mod routes;
 
 use std::net::TcpListener;
@@ -40,6 +39,8 @@ use parking_lot::Mutex;
 
 use cairn::setup;
 
+use crate::access;
+use crate::lifecycle::{exit_now, on_actor_system, Signals};
 use crate::ui::Dashboard;
 
 /// A running gateway.
@@ -281,7 +282,7 @@ pub fn serve(
     }
     let policy_version = backend.policy_version();
     let bind = bind.unwrap_or_else(|| gateway_config.bind.clone());
-    crate::commands::on_actor_system(async move {
+    on_actor_system(async move {
         let threads = SyncThreads::default();
         let backend = Mutex::new(Some(backend));
         let policy = threads.start(move || {
@@ -439,57 +440,4 @@ fn append_finished(gateway: &Gateway, record: Option<&RecordFile>) -> Result<()>
     (&record.file)
         .write_all(lines.as_bytes())
         .with_context(|| format!("appending episodes to {}", record.path.display()))
-}
-
-/// SIGINT (Ctrl-C) and SIGTERM, listened to from creation on: a signal that arrives while
-/// the first is being handled is not lost (each [`Signals::next`] takes one). A signal
-/// whose handler cannot be installed is never awaited (the other still is).
-pub(crate) struct Signals {
-    interrupt: Option<actix_web::rt::signal::unix::Signal>,
-    terminate: Option<actix_web::rt::signal::unix::Signal>,
-}
-
-impl Signals {
-    /// Installs the handlers (on the running actix system).
-    pub(crate) fn new() -> Self {
-        use actix_web::rt::signal::unix::{signal, SignalKind};
-        Signals {
-            interrupt: signal(SignalKind::interrupt()).ok(),
-            terminate: signal(SignalKind::terminate()).ok(),
-        }
-    }
-
-    /// Resolves on the next SIGINT or SIGTERM, naming it.
-    pub(crate) async fn next(&mut self) -> &'static str {
-        async fn recv(s: Option<&mut actix_web::rt::signal::unix::Signal>) {
-            match s {
-                Some(s) => {
-                    if s.recv().await.is_none() {
-                        future::pending::<()>().await;
-                    }
-                }
-                None => future::pending::<()>().await,
-            }
-        }
-        let interrupt = recv(self.interrupt.as_mut());
-        let terminate = recv(self.terminate.as_mut());
-        match future::select(Box::pin(interrupt), Box::pin(terminate)).await {
-            Either::Left(_) => "interrupted (SIGINT)",
-            Either::Right(_) => "terminated (SIGTERM)",
-        }
-    }
-}
-
-/// Ends the process at once with `code`, for a second signal: stdout and stderr are flushed,
-/// then `_exit` ends every thread together, running no `atexit` handler and no static
-/// destructor. (`std::process::exit` runs libtorch's static destructors while its worker
-/// threads may still compute: a segfault or a libtorch panic.) What was in flight is lost;
-/// every file a resume reads was written atomically or is cut back on resume.
-pub(crate) fn exit_now(code: i32) -> ! {
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    // SAFETY: `_exit` takes no pointers and never returns; skipping the process's exit-time
-    // cleanup is the point (the OS closes files and releases the run directory's lock).
-    unsafe { libc::_exit(code) }
 }

@@ -14,8 +14,8 @@
 //! | `POST /tokenize` | API | `{"prompt", "add_special_tokens"?}` → `{"tokens", "count", "max_model_len"}` |
 //! | `POST /update_weights_from_disk` | control | `{"model_path", "weight_version"}`: load a trainer's weights from under `weight_roots` (`cairn serve` only; SGLang's route) |
 //!
-//! The key column is what [`super::access::guard`] asks when keys are configured (the control
-//! key serves every route; [`super::access::tier`] decides).
+//! The key column is what [`crate::access::guard`] asks when keys are configured (the control
+//! key serves every route; [`crate::access::tier`] decides).
 //!
 //! A call on `/v1/...` with an `X-Cairn-Episode` header belongs to that episode too;
 //! `X-Cairn-Anchor` gives the GiGPO anchor key of the turn (or `cairn.anchor` in the body).
@@ -31,7 +31,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use cairn_gateway::{ApiError, ApiErrorKind, Gateway, Route, WeightLoader};
 use futures::StreamExt;
 
-use super::access::BODY_LIMIT;
+use crate::access::BODY_LIMIT;
 
 /// Registers every route on an app holding a `web::Data<Gateway>`.
 pub fn configure(cfg: &mut web::ServiceConfig) {

@@ -29,6 +29,7 @@ mod assets;
 mod html;
 mod pages;
 mod pool_pages;
+mod respond;
 mod runs;
 mod tokens;
 
@@ -39,7 +40,7 @@ use actix_web::web;
 use anyhow::{Context, Result};
 use cairn_gateway::Gateway;
 
-use crate::serve::access;
+use crate::access;
 
 /// The dashboard's state: where the runs are, its path prefix, the gateway it sits beside.
 pub struct Dashboard {

@@ -9,8 +9,9 @@ use cairn_stores::bank::{bank_path, Bank, EntryFilter};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::html::{escape, num, page, query_value};
-use super::runs::{self, Run, EVAL_FILE, METRICS_FILE};
+use super::html::{escape, num, query_value};
+use super::respond::{html, lookup, not_found, ok_page, run_link};
+use super::runs::{self, EVAL_FILE, METRICS_FILE};
 use super::{pool_pages, Dashboard};
 
 /// Curves drawn when a run page opens (those the run has); `eval:` keys come from
@@ -29,57 +30,9 @@ const DEFAULT_CURVES: &[&str] = &[
 /// Characters of a bank entry's text shown before "more".
 const BANK_TEXT_CHARS: usize = 160;
 
-/// A page answer with its status.
-pub fn html(status: actix_web::http::StatusCode, body: String) -> HttpResponse {
-    HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .insert_header(("cache-control", "no-store"))
-        .body(body)
-}
-
-/// A 404 page saying what was not found and where to look.
-pub fn not_found(d: &Dashboard, message: &str) -> HttpResponse {
-    let body = format!(
-        r#"<h1>Not found</h1><p class="error">{}</p>"#,
-        escape(message)
-    );
-    html(
-        actix_web::http::StatusCode::NOT_FOUND,
-        page(&d.base, "not found", &body, d.gateway.is_some()),
-    )
-}
-
-pub fn ok_page(d: &Dashboard, title: &str, body: &str) -> HttpResponse {
-    html(
-        actix_web::http::StatusCode::OK,
-        page(&d.base, title, body, d.gateway.is_some()),
-    )
-}
-
 #[derive(Deserialize)]
 pub struct RunQuery {
     pub run: String,
-}
-
-/// The run named `name` under the dashboard's root, or why there is none.
-pub fn lookup(d: &Dashboard, name: &str) -> Result<Run, String> {
-    let runs = runs::discover(&d.root).map_err(|e| format!("{e:#}"))?;
-    runs.into_iter().find(|r| r.name == name).ok_or_else(|| {
-        format!(
-            "no run `{name}` under {}; the run list shows the runs",
-            d.root.display()
-        )
-    })
-}
-
-/// `/run?run=NAME` of a run.
-pub fn run_link(d: &Dashboard, run: &Run) -> String {
-    format!(
-        r#"<a href="{}/run?run={}">{}</a>"#,
-        d.base,
-        query_value(&run.name),
-        escape(&run.name)
-    )
 }
 
 fn problems_html(problems: &[String]) -> String {

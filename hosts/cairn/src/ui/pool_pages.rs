@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::html::{advantage_colour, escape, num, query_value};
-use super::pages::{lookup, not_found, ok_page, run_link};
+use super::respond::{lookup, not_found, ok_page, run_link};
 use super::runs::Run;
 use super::{tokens, Dashboard};
 

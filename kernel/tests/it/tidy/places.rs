@@ -36,7 +36,7 @@ const BLOCKING_WAITS: &[(&str, usize, &str)] = &[
         "the benchmark's entry: runs the pipeline's actix system on the main thread",
     ),
     (
-        "hosts/cairn/src/commands.rs",
+        "hosts/cairn/src/lifecycle.rs",
         1,
         "the process entry (`on_actor_system`): `train`, `eval` and `serve` run their actix \
          system on the main thread",
@@ -128,6 +128,10 @@ const HTTP_USERS: &[(&str, &str)] = &[
         "`cairn serve`: the gateway's HTTP server (actix-web)",
     ),
     ("hosts/cairn/src/ui/", "`cairn ui`: the web UI (actix-web)"),
+    (
+        "hosts/cairn/src/access.rs",
+        "the access middleware of the gateway's and the dashboard's servers (actix-web)",
+    ),
 ];
 
 /// For every module file of `crates` (once, though a package's library and binary may share

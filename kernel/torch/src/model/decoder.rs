@@ -10,9 +10,8 @@
 //! (`model.layers.0.self_attn.q_proj.weight`, `model.norm.weight`, `lm_head.weight`), so
 //! safetensors checkpoints load by name. The two constructors fill every parameter:
 //! [`CausalLm::random`] (seeded init, [`crate::model::init`]) and [`CausalLm::from_pretrained`]
-//! (strict loading, [`crate::weights`]).
-
-use std::path::Path;
+//! (strict loading, defined in [`crate::weights`] so that the model does not depend on the
+//! file format).
 
 use tch::{nn, Device, Kind, Tensor};
 
@@ -23,7 +22,7 @@ use super::kv_cache::KvCache;
 use super::linear::Linear;
 use super::mask::attention_mask;
 use super::mlp::Mlp;
-use super::packed::{LayerProjs, PackCache, Packed, PackedWeights};
+use super::packed::{LayerLinears, LayerProjs, PackCache, Packed, PackedWeights};
 use super::rms_norm::RmsNorm;
 use super::rotary::{RopeTables, RotaryEmbedding};
 use crate::error::{Error, Result};
@@ -74,9 +73,19 @@ impl DecoderLayer {
         xs + mlp
     }
 
-    /// Its index `i` in `model.layers.{i}`.
-    pub(crate) fn index(&self) -> usize {
-        self.index
+    /// Its seven projections and index, as [`crate::model::packed`] takes them.
+    fn linears(&self) -> LayerLinears<'_> {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        LayerLinears {
+            index: self.index,
+            q: &a.q_proj,
+            k: &a.k_proj,
+            v: &a.v_proj,
+            o: &a.o_proj,
+            gate: &m.gate_proj,
+            up: &m.up_proj,
+            down: &m.down_proj,
+        }
     }
 
     /// [`DecoderLayer::forward`] for inference, bit for bit: each block's `forward_no_grad`,
@@ -91,7 +100,7 @@ impl DecoderLayer {
         packed: Option<&PackedWeights>,
     ) -> Tensor {
         let _span = tracing::trace_span!("decoder_layer", layer = self.index).entered();
-        let projs = LayerProjs::of(self, packed);
+        let projs = LayerProjs::of(self.linears(), packed);
         let mut h = self.self_attn.forward_no_grad(
             &self.input_layernorm.forward_no_grad(xs),
             rope,
@@ -180,18 +189,6 @@ impl CausalLm {
         config.validate(&super::config::inline_path())?;
         let model = CausalLm::uninitialized(config, device, dtype)?;
         init_weights(&model.vs, config.initializer_range, seed)?;
-        Ok(model)
-    }
-
-    /// Loads `config.json` and the safetensors weights (single file or sharded) from `dir`.
-    /// Every parameter must be present with its exact shape; see [`crate::weights`]. A
-    /// `tokenizer.json` in `dir` must fit the embedding
-    /// ([`crate::weights::check_tokenizer_fits`]), checked before anything is allocated.
-    pub fn from_pretrained(dir: &Path, device: Device, dtype: Dtype) -> Result<CausalLm> {
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        crate::weights::check_tokenizer_fits(dir, &config)?;
-        let model = CausalLm::uninitialized(&config, device, dtype)?;
-        crate::weights::load_model_dir(&model, dir)?;
         Ok(model)
     }
 
@@ -309,7 +306,8 @@ impl CausalLm {
     /// its weights stay the same (same storage, dtype and version counters), and repacks after
     /// any change; see [`crate::model::packed`].
     pub fn pack_for_inference(&self) -> Packed<'_> {
-        self.packed.get(&self.layers, &self.lm_head)
+        let layers: Vec<_> = self.layers.iter().map(DecoderLayer::linears).collect();
+        self.packed.get(&layers, &self.lm_head)
     }
 
     /// One decode step of a single sequence, bf16 on the CPU, without libtorch: logits

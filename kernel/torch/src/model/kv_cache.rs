@@ -240,15 +240,10 @@ impl KvCache {
         (ck.narrow(2, 0, self.len + t), cv.narrow(2, 0, self.len + t))
     }
 
-    /// Every layer's keys and values as bf16 elements in place, each `[capacity, H_kv,
-    /// T_max, D]` row-major, for the one-row step of [`crate::model::row_decode`]; `None`
-    /// unless the storage is contiguous bf16 on the CPU.
-    pub(crate) fn bf16_layers_mut(&mut self) -> Option<Vec<(&mut [u16], &mut [u16])>> {
-        use super::row_decode::bf16_slice_mut;
-        self.layers
-            .iter_mut()
-            .map(|(k, v)| Some((bf16_slice_mut(k)?, bf16_slice_mut(v)?)))
-            .collect()
+    /// Every layer's `(keys, values)` storage, each `[capacity, H_kv, T_max, D]`, for the
+    /// one-row step of [`crate::model::row_decode`], which writes the elements in place.
+    pub(crate) fn layers_mut(&mut self) -> &mut [(Tensor, Tensor)] {
+        &mut self.layers
     }
 
     /// Marks `t` more positions as filled.

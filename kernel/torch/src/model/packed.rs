@@ -47,7 +47,6 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
-use super::decoder::DecoderLayer;
 use super::linear::Linear;
 use crate::error::{Error, Result};
 
@@ -228,13 +227,12 @@ struct PackedLayer {
 }
 
 impl PackedLayer {
-    fn new(layer: &DecoderLayer) -> Result<PackedLayer> {
-        let (a, m) = (&layer.self_attn, &layer.mlp);
+    fn new(layer: &LayerLinears<'_>) -> Result<PackedLayer> {
         Ok(PackedLayer {
-            qkv: FusedPack::new(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
-            o: FusedPack::new(&[&a.o_proj])?,
-            gate_up: FusedPack::new(&[&m.gate_proj, &m.up_proj])?,
-            down: FusedPack::new(&[&m.down_proj])?,
+            qkv: FusedPack::new(&[layer.q, layer.k, layer.v])?,
+            o: FusedPack::new(&[layer.o])?,
+            gate_up: FusedPack::new(&[layer.gate, layer.up])?,
+            down: FusedPack::new(&[layer.down])?,
         })
     }
 }
@@ -255,7 +253,7 @@ pub struct PackedWeights {
 struct Stamp(Vec<(usize, i64, Kind)>);
 
 impl Stamp {
-    fn of(layers: &[DecoderLayer], lm_head: &Linear) -> Stamp {
+    fn of(layers: &[LayerLinears<'_>], lm_head: &Linear) -> Stamp {
         let mut entries = Vec::new();
         let mut add = |l: &Linear| {
             for t in std::iter::once(&l.weight).chain(&l.bias) {
@@ -263,7 +261,7 @@ impl Stamp {
             }
         };
         for layer in layers {
-            for l in linears(layer) {
+            for l in layer.all() {
                 add(l);
             }
         }
@@ -293,7 +291,7 @@ impl Packed<'_> {
 impl PackCache {
     /// The pack of `layers` and `lm_head` as they are now: the kept one if its [`Stamp`] still
     /// matches, else a new one kept in its place (see [`PackedWeights::for_inference`]).
-    pub(crate) fn get(&self, layers: &[DecoderLayer], lm_head: &Linear) -> Packed<'_> {
+    pub(crate) fn get(&self, layers: &[LayerLinears<'_>], lm_head: &Linear) -> Packed<'_> {
         let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if !packable(&lm_head.weight) {
             // f32, CUDA or no oneDNN bf16 kernels: no stamp to read, and a pack kept from
@@ -311,39 +309,49 @@ impl PackCache {
     }
 }
 
-/// A layer's seven projections: `q, k, v, o, gate, up, down`.
-fn linears(layer: &DecoderLayer) -> [&Linear; 7] {
-    let (a, m) = (&layer.self_attn, &layer.mlp);
-    [
-        &a.q_proj,
-        &a.k_proj,
-        &a.v_proj,
-        &a.o_proj,
-        &m.gate_proj,
-        &m.up_proj,
-        &m.down_proj,
-    ]
+/// One decoder layer's seven projections, the attention's `q, k, v, o` and the MLP's
+/// `gate, up, down`, and the layer's index `i` in `model.layers.{i}`: what a pack copies.
+/// The decoder layer hands them in, so that this module knows only [`Linear`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerLinears<'a> {
+    pub(crate) index: usize,
+    pub(crate) q: &'a Linear,
+    pub(crate) k: &'a Linear,
+    pub(crate) v: &'a Linear,
+    pub(crate) o: &'a Linear,
+    pub(crate) gate: &'a Linear,
+    pub(crate) up: &'a Linear,
+    pub(crate) down: &'a Linear,
+}
+
+impl<'a> LayerLinears<'a> {
+    /// The seven projections: `q, k, v, o, gate, up, down`.
+    fn all(&self) -> [&'a Linear; 7] {
+        [
+            self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
+        ]
+    }
 }
 
 /// A layer's projections for one no-grad forward: its plain layers, or their pack.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LayerProjs<'a> {
-    layer: &'a DecoderLayer,
+    layer: LayerLinears<'a>,
     packed: Option<&'a PackedLayer>,
 }
 
 impl<'a> LayerProjs<'a> {
-    pub(crate) fn of(layer: &'a DecoderLayer, packed: Option<&'a PackedWeights>) -> Self {
+    pub(crate) fn of(layer: LayerLinears<'a>, packed: Option<&'a PackedWeights>) -> Self {
         LayerProjs {
             layer,
-            packed: packed.map(|p| &p.layers[layer.index()]),
+            packed: packed.map(|p| &p.layers[layer.index]),
         }
     }
 
     /// `[B, T, hidden]` → `(q [B, T, H·D], k [B, T, H_kv·D], v [B, T, H_kv·D])`.
     pub(crate) fn qkv(&self, xs: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let a = &self.layer.self_attn;
-        let linears = [&a.q_proj, &a.k_proj, &a.v_proj];
+        let l = &self.layer;
+        let linears = [l.q, l.k, l.v];
         let mut out = project(&linears, self.packed.map(|p| &p.qkv), xs).into_iter();
         match (out.next(), out.next(), out.next()) {
             (Some(q), Some(k), Some(v)) => (q, k, v),
@@ -353,14 +361,12 @@ impl<'a> LayerProjs<'a> {
 
     /// `o_proj`: `[B, T, H·D]` → `[B, T, hidden]`.
     pub(crate) fn o(&self, xs: &Tensor) -> Tensor {
-        let o = &self.layer.self_attn.o_proj;
-        one(project(&[o], self.packed.map(|p| &p.o), xs))
+        one(project(&[self.layer.o], self.packed.map(|p| &p.o), xs))
     }
 
     /// `[B, T, hidden]` → `(gate [B, T, I], up [B, T, I])`.
     pub(crate) fn gate_up(&self, xs: &Tensor) -> (Tensor, Tensor) {
-        let m = &self.layer.mlp;
-        let linears = [&m.gate_proj, &m.up_proj];
+        let linears = [self.layer.gate, self.layer.up];
         let mut out = project(&linears, self.packed.map(|p| &p.gate_up), xs).into_iter();
         match (out.next(), out.next()) {
             (Some(gate), Some(up)) => (gate, up),
@@ -370,8 +376,11 @@ impl<'a> LayerProjs<'a> {
 
     /// `down_proj`: `[B, T, I]` → `[B, T, hidden]`.
     pub(crate) fn down(&self, xs: &Tensor) -> Tensor {
-        let d = &self.layer.mlp.down_proj;
-        one(project(&[d], self.packed.map(|p| &p.down), xs))
+        one(project(
+            &[self.layer.down],
+            self.packed.map(|p| &p.down),
+            xs,
+        ))
     }
 }
 
@@ -388,7 +397,7 @@ impl PackedWeights {
     /// [`packable`] model when the copy takes at most half of the memory available; `None`
     /// otherwise (see the module docs). A failure to pack is `None` too, with a warning: the
     /// plain path is always right.
-    fn for_inference(layers: &[DecoderLayer], lm_head: &Linear, stamp: Stamp) -> Option<Self> {
+    fn for_inference(layers: &[LayerLinears<'_>], lm_head: &Linear, stamp: Stamp) -> Option<Self> {
         let bytes = projection_bytes(layers, lm_head);
         if !fits(bytes, mem_available()) {
             warn_once(&format!(
@@ -427,9 +436,9 @@ fn packable(w: &Tensor) -> bool {
 }
 
 /// Bytes of every projection weight and the LM head (what a pack copies).
-fn projection_bytes(layers: &[DecoderLayer], lm_head: &Linear) -> u64 {
+fn projection_bytes(layers: &[LayerLinears<'_>], lm_head: &Linear) -> u64 {
     let bytes = |l: &Linear| l.weight.numel() as u64 * l.weight.kind().elt_size_in_bytes() as u64;
-    let per_layer = |layer: &DecoderLayer| linears(layer).into_iter().map(bytes).sum::<u64>();
+    let per_layer = |layer: &LayerLinears<'_>| layer.all().into_iter().map(bytes).sum::<u64>();
     layers.iter().map(per_layer).sum::<u64>() + bytes(lm_head)
 }
 

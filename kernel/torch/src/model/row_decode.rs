@@ -46,6 +46,8 @@ use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 
+use super::kv_cache::KvCache;
+
 /// bf16 bits → f32 (exact).
 #[inline]
 pub(crate) fn widen(bits: u16) -> f32 {
@@ -164,6 +166,16 @@ pub(crate) fn bf16_slice_mut(t: &mut Tensor) -> Option<&mut [u16]> {
     // SAFETY: as in `bf16_slice`; the `&mut` borrow keeps every other access out while the
     // slice lives.
     Some(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut u16, n) })
+}
+
+/// Every layer's keys and values of `cache` as bf16 elements in place, each `[capacity, H_kv,
+/// T_max, D]` row-major; `None` unless the storage is contiguous bf16 on the CPU.
+fn bf16_layers_mut(cache: &mut KvCache) -> Option<Vec<(&mut [u16], &mut [u16])>> {
+    cache
+        .layers_mut()
+        .iter_mut()
+        .map(|(k, v)| Some((bf16_slice_mut(k)?, bf16_slice_mut(v)?)))
+        .collect()
 }
 
 /// A projection `[out, in]` (bf16, row-major) with its optional bias `[out]`.
@@ -491,7 +503,7 @@ impl RowModel<'_> {
         id: usize,
         position: i64,
         valid: &[bool],
-        cache: &mut super::kv_cache::KvCache,
+        cache: &mut KvCache,
     ) -> Option<Vec<f32>> {
         let (d, hkv) = (self.head_dim, self.kv_heads);
         let len = cache.len();
@@ -499,7 +511,7 @@ impl RowModel<'_> {
         if cache.rows() != 1 || len + 1 > t_max {
             return None;
         }
-        let layers = cache.bf16_layers_mut()?;
+        let layers = bf16_layers_mut(cache)?;
         let room = hkv * t_max * d;
         if layers.len() != self.layers.len()
             || layers.iter().any(|(k, v)| k.len() < room || v.len() < room)
