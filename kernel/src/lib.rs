@@ -1,9 +1,11 @@
 //! `cairn-kernel`: the actor kernel of Cairn.
 //!
-//! It wires five actix actors (rollout, reward, experience bank, skill creator, optimizer)
-//! around a policy backend from a TOML pipeline config, loads algorithm and environment plugins
-//! from `.so` files, and owns the RL objective. It builds and tests without libtorch: the tch
-//! backend lives in `cairn-torch` and plugs in through [`backend::PolicyBackend`].
+//! It wires the pipeline's actix actors (the policy, two rollout actors, reward, optimizer,
+//! experience bank, data pool and skill creator; [`actors`] lists them) around a policy backend
+//! from a TOML pipeline config, loads algorithm and environment plugins from `.so` files, and
+//! owns the RL objective. It builds and tests without libtorch: the tch backend lives in
+//! `cairn-torch` and plugs in through [`backend::PolicyBackend`]. The stores it writes are
+//! `cairn-stores`; the gateway and the external engine (`cairn-gateway`) build on it.
 
 pub mod actors;
 pub mod backend;

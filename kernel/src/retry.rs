@@ -1,5 +1,5 @@
 //! Retries with doubling waits, and the HTTP facts about when another attempt may succeed:
-//! what the kernel's two HTTP clients (the rollout engine's, [`crate::engine::EngineClient`],
+//! what the kernel's two HTTP clients (the rollout engine's, `cairn_gateway::engine::EngineClient`,
 //! and the `endpoint` reflector of [`crate::skills`]) share.
 
 use std::time::Duration;

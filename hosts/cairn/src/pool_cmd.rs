@@ -243,14 +243,31 @@ pub(crate) fn quiet_broken_pipe(result: Result<()>) -> Result<()> {
     }
 }
 
+/// The I/O error inside a store's error, if it is one.
+fn store_io(e: &cairn_stores::Error) -> Option<&std::io::Error> {
+    match e {
+        cairn_stores::Error::Io { error, .. } => Some(error),
+        _ => None,
+    }
+}
+
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
-        let io =
-            cause.downcast_ref::<std::io::Error>().or_else(|| {
-                match cause.downcast_ref::<cairn_kernel::error::Error>() {
+        // The stores' errors reach here bare (the bank and pool commands open the stores
+        // themselves) or inside the kernel's `Error::Store`.
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .or_else(
+                || match cause.downcast_ref::<cairn_kernel::error::Error>() {
                     Some(cairn_kernel::error::Error::Io { error, .. }) => Some(error),
+                    Some(cairn_kernel::error::Error::Store(e)) => store_io(e),
                     _ => None,
-                }
+                },
+            )
+            .or_else(|| {
+                cause
+                    .downcast_ref::<cairn_stores::Error>()
+                    .and_then(store_io)
             });
         io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })

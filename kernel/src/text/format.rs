@@ -2,7 +2,7 @@
 //! end-of-turn and stop ids). The rollout's [`crate::rollout::prompt::ChatPrompt`] renders each
 //! turn's prompt with it, and the gateway renders every request with it; neither re-renders or
 //! re-tokenises sampled ids. Multi-call episodes are merged by token ids in
-//! [`crate::gateway::Segment`].
+//! `cairn_gateway::Segment`.
 
 use serde_json::{Map, Value as Json};
 

@@ -10,7 +10,7 @@
 //!   `apply_chat_template` (Python-compatible `tojson`, `raise_exception`, `strftime_now`).
 //! - [`ChatFormat`] (a tokenizer, its template, end-of-turn and stop ids) renders prompts for
 //!   the rollout and the gateway; sampled ids are never re-rendered or re-tokenised (the
-//!   gateway merges calls by ids, in [`crate::gateway::Segment`]).
+//!   gateway merges calls by ids, in `cairn_gateway::Segment`).
 //! - [`parse_tool_calls`] reads Qwen/Hermes `<tool_call>` blocks into OpenAI-style calls.
 //! - [`export_tokenizer`] writes the tokenizer files and `generation_config.json` of an
 //!   exported (servable) model directory.
